@@ -1,0 +1,1 @@
+"""ELMo embeddings at run time: char mapping, ONNX Runtime engine, bulk embedding (no torch)."""

@@ -1,0 +1,43 @@
+"""Console scripts of the run-time package: elmo-embed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from service.bulk import InputError, embed_file
+from service.engine import Engine
+
+
+def embed_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="elmo-embed",
+        description="Embed a file of sentences (.txt: one whitespace-tokenized sentence per line; "
+        ".jsonl: one JSON list of tokens per line) into hdf5, one dataset per line.",
+    )
+    parser.add_argument("--model", required=True, help="folder written by elmo-export")
+    parser.add_argument("input", help="input .txt or .jsonl")
+    parser.add_argument("output", help="output .hdf5")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
+    parser.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    args = parser.parse_args(argv)
+    if args.batch_tokens < 1:
+        parser.error("--batch-tokens must be at least 1")
+    try:
+        engine = Engine(args.model, provider=args.provider, intra_op_threads=args.threads)
+        stats = embed_file(engine, args.input, args.output, args.batch_tokens, progress=not args.no_progress)
+    except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
+        print(f"elmo-embed: {err}", file=sys.stderr)
+        return 1
+    print(
+        f"embedded {stats['sentences']} sentences, {stats['tokens']} tokens in {stats['seconds']:.1f} s "
+        f"({stats['tokens_per_s']:.0f} tokens/s) -> {args.output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(embed_main())

@@ -1,0 +1,63 @@
+"""Shared fixtures: the tiny published-layout ELMo with known answers, loaded and exported once."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED = Path(os.environ.get("ELMO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+TINY = SHARED / "fixtures" / "elmo-tiny"
+CONFIGS = SHARED / "configs"
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    if not (TINY / "lm_weights.hdf5").exists():
+        pytest.fail(f"fixtures not found at {TINY}: set ELMO_SHARED to the shared/ folder")
+    return TINY
+
+
+@pytest.fixture(scope="session")
+def sentences(tiny_dir) -> list[list[str]]:
+    return json.loads((tiny_dir / "sentences_flat.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def expected(tiny_dir) -> list[np.ndarray]:
+    """allennlp's stateless layers for each sentence, (3, n_tokens, 32)."""
+    data = np.load(tiny_dir / "expected_layers.npz")
+    return [data[f"s{i}"] for i in range(len(data.files))]
+
+
+@pytest.fixture(scope="session")
+def tiny_bilm(tiny_dir):
+    from model_export.weights import load_bilm
+
+    return load_bilm(tiny_dir / "options.json", tiny_dir / "lm_weights.hdf5")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_dir, tmp_path_factory) -> Path:
+    from model_export.export import export_published
+
+    out = tmp_path_factory.mktemp("tiny-onnx")
+    export_published(tiny_dir / "options.json", tiny_dir / "lm_weights.hdf5", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model_dir):
+    from service.engine import Engine
+
+    return Engine(tiny_model_dir, provider="cpu", intra_op_threads=2)
+
+
+def max_error(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape, (g.shape, w.shape)
+    return max(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True))

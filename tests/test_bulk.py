@@ -1,0 +1,79 @@
+"""elmo-embed: files in, allennlp-style hdf5 out, equal to the reference; bad lines named."""
+
+import json
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from service.bulk import InputError, embed_file, plan_batches, read_embeddings
+from tests.conftest import max_error
+
+
+def embed_cli(model_dir, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "--model", str(model_dir), *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_round_trip_equals_reference(tiny_model_dir, sentences, expected, tmp_path, suffix):
+    source = tmp_path / f"in{suffix}"
+    lines = [" ".join(s) if suffix == ".txt" else json.dumps(s) for s in sentences]
+    source.write_text("\n".join(lines) + "\n")
+    run = embed_cli(tiny_model_dir, source, tmp_path / "out.hdf5", "--batch-tokens", 200)
+    assert run.returncode == 0, run.stderr
+    assert "embedded 30 sentences" in run.stderr and "elmo-embed" in run.stderr  # progress on stderr
+    got, index = read_embeddings(tmp_path / "out.hdf5")
+    assert max_error(got, expected) <= 1e-5
+    assert index[" ".join(sentences[7])] == "7"
+    with h5py.File(tmp_path / "out.hdf5", "r") as f:
+        assert f["0"].dtype == np.float32 and len(f) == 31
+
+
+def test_many_chunks_and_batches_keep_line_order(engine, sentences, expected, tmp_path, monkeypatch):
+    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # a chunk per ~100 tokens: streamed in pieces
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(" ".join(s) for s in sentences * 3) + "\n")
+    stats = embed_file(engine, source, tmp_path / "out.hdf5", batch_tokens=100, progress=False)
+    assert stats["sentences"] == 90 and stats["tokens"] == 3 * sum(map(len, sentences))
+    got, _ = read_embeddings(tmp_path / "out.hdf5")
+    assert max_error(got, expected * 3) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("bad.jsonl", '["ok"]\n["fine", "too"]\n{"not": "a list"}\n', "bad.jsonl:3: expected a JSON list"),
+        ("bad.jsonl", '["ok"]\n[1, 2]\n', "bad.jsonl:2: expected a JSON list"),
+        ("bad.jsonl", '["ok"]\n["unclosed"\n', "bad.jsonl:2: not JSON"),
+        ("bad.txt", "fine line\n\nafter empty\n", "bad.txt:2: empty sentence"),
+    ],
+)
+def test_bad_line_stops_with_its_number(tiny_model_dir, tmp_path, name, content, message):
+    (tmp_path / name).write_text(content)
+    run = embed_cli(tiny_model_dir, tmp_path / name, tmp_path / "out.hdf5", "--no-progress")
+    assert run.returncode == 1
+    assert message in run.stderr and "Traceback" not in run.stderr
+    assert not list(tmp_path.glob("out.hdf5*"))  # no half-written output left behind
+
+
+def test_invalid_utf8_is_named(engine, tmp_path):
+    (tmp_path / "bin.txt").write_bytes(b"good line\nbad \xff byte\n")
+    with pytest.raises(InputError, match=r"bin.txt:2: not UTF-8"):
+        embed_file(engine, tmp_path / "bin.txt", tmp_path / "out.hdf5", progress=False)
+
+
+def test_batches_respect_the_padded_token_budget():
+    lengths = [5, 30, 2, 30, 7, 100, 1]
+    batches = plan_batches(lengths, batch_tokens=64)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        padded = len(batch) * (max(lengths[i] for i in batch) + 2)
+        assert padded <= 64 or len(batch) == 1
+        assert [lengths[i] for i in batch] == sorted((lengths[i] for i in batch), reverse=True)
