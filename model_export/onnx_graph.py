@@ -126,6 +126,7 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     shape_tb = g.op("Shape", x_tm, end=2)  # [T, B]
     steps = g.op("Squeeze", g.op("Shape", x_tm, end=1), zero_axis)
     true = g.const(True, "true", np.bool_)
+    one = g.const(1.0, "one")
     state_shape = {}
     for name, size in (("h", p), ("c", opt.cell_dim)):
         state_shape[name] = g.op(
@@ -138,11 +139,15 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
 
     layers = [g.op("Concat", x_tm, x_tm, axis=2)]  # (T, B, 2P)
     for k, (fwd, bwd) in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
-        w_input = g.const(np.stack([_np(fwd.w_input), _np(bwd.w_input)]), f"w_input{k}")  # (2, P, 4C)
-        bias = np.stack([_np(fwd.bias), _np(bwd.bias)])
-        bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+        bias = np.stack([_np(fwd.bias), _np(bwd.bias)])[:, None, :]  # (2, 1, 4C)
+        bias[..., 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+        # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards
+        # would be another pass over the largest tensor of the model.
+        w_input = np.concatenate([np.stack([_np(fwd.w_input), _np(bwd.w_input)]), bias], axis=1)  # (2, P+1, 4C)
         flat = g.op("Reshape", inputs, g.const([2, -1, p], "flat", np.int64))  # (2, T*B, P)
-        gates_x = g.op("Add", g.op("MatMul", flat, w_input), g.const(bias[:, None, :], f"bias{k}"))
+        ones = g.op("Expand", one, g.op("Concat", g.op("Shape", flat, end=2), g.const([1], "n", np.int64), axis=0))
+        flat = g.op("Concat", flat, ones, axis=2)  # (2, T*B, P+1)
+        gates_x = g.op("MatMul", flat, g.const(w_input, f"w_input{k}"))  # (2, T*B, 4C)
         gates_x = g.op(
             "Reshape",
             gates_x,

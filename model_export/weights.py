@@ -117,12 +117,24 @@ def load_bilm(options_path: str | Path, weights_path: str | Path) -> BiLM:
     return model.eval()
 
 
-def random_bilm(opt: BiLMOptions, seed: int = 0, scale: float = 0.05) -> BiLM:
-    """A biLM of the given shape with small random weights (benchmarks and tests of unseen shapes)."""
+def random_bilm(opt: BiLMOptions, seed: int = 0, gain: float = 1.0) -> BiLM:
+    """A biLM of the given shape with random weights (benchmarks, and tests of shapes without a fixture).
+
+    Each matrix gets std gain / sqrt(fan_in), so activations stay of order 1 and the recurrence is stable:
+    with much larger weights a random LSTM turns chaotic and float rounding grows along the sentence.
+    """
     gen = torch.Generator().manual_seed(seed)
     model = BiLM(opt)
+    fan_in = {"w_input": opt.proj_dim, "w_hidden": opt.proj_dim, "w_proj": opt.cell_dim}
     with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=gen) * scale)
+        for name, param in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in fan_in:
+                std = gain / fan_in[leaf] ** 0.5
+            elif leaf == "weight" and param.dim() > 1 and "char_embed" not in name:
+                std = gain / (param[0].numel()) ** 0.5  # torch layout: (out, in...) -> fan_in
+            else:
+                std = 0.1 if "bias" in leaf else 1.0  # biases; char embeddings
+            param.copy_(torch.randn(param.shape, generator=gen) * std)
         model.token_encoder.char_embed.weight[0].zero_()
     return model.eval()

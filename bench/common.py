@@ -1,0 +1,53 @@
+"""What the benchmarks share: the full-size published architecture with random weights, and the fixture text."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("ELMO_SHARED", ROOT.parent / "shared"))
+FULL_OPTIONS = SHARED / "configs" / "elmo_2x4096_512_2048cnn_2xhighway_options.json"
+SENTENCES = SHARED / "fixtures" / "elmo-tiny" / "sentences_flat.json"
+BUILD = ROOT / "build" / "bench"
+
+
+def fixture_sentences() -> list[list[str]]:
+    return json.loads(SENTENCES.read_text())
+
+
+def full_size_model(options: Path = FULL_OPTIONS, seed: int = 0) -> Path:
+    """Export (once, cached under build/bench/) a model of the given architecture with random weights,
+    written to and read back from the published hdf5 layout first, as a real ELMo would be."""
+    from model_export.export import export_published
+    from model_export.options import load_options
+    from model_export.weights import random_bilm, write_published_weights
+
+    out = BUILD / f"{options.stem}-seed{seed}"
+    if not (out / "onnx" / "manifest.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "options.json").write_text(options.read_text())
+        write_published_weights(random_bilm(load_options(options), seed=seed), out / "weights.hdf5")
+        export_published(out / "options.json", out / "weights.hdf5", out / "onnx")
+    return out
+
+
+def gemm_rate(threads: int, n: int = 2048, k: int = 2048, m: int = 4096, repeats: int = 5) -> float:
+    """fp32 GEMM FLOP/s of this machine (PyTorch's BLAS), the yardstick of each path's share."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, k), torch.randn(k, m)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n * k * m * repeats / (time.perf_counter() - start)
+
+
+def percentiles(values: list[float], qs=(50, 95, 99)) -> dict[str, float]:
+    return {f"p{q}": float(np.percentile(values, q)) for q in qs}
