@@ -1,8 +1,9 @@
-"""Console scripts of the run-time package: elmo-embed."""
+"""Console scripts of the run-time package: elmo-embed and elmo-serve."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from service.bulk import InputError, embed_file
@@ -37,6 +38,39 @@ def embed_main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="elmo-serve",
+        description="Serve an exported model over HTTP. Every setting also comes from ELMO_* environment variables.",
+    )
+    parser.add_argument("--model", help="folder written by elmo-export (default: the embedded default model)")
+    parser.add_argument("--host", help="default 127.0.0.1 (ELMO_HOST)")
+    parser.add_argument("--port", type=int, help="default 8000 (ELMO_PORT)")
+    args = parser.parse_args(argv)
+
+    import uvicorn
+    from pydantic import ValidationError
+
+    from service.app import create_app
+    from service.engine import read_manifest
+    from service.settings import Settings
+
+    overrides = {k: v for k, v in {"model_dir": args.model, "host": args.host, "port": args.port}.items() if v}
+    try:
+        settings = Settings(**overrides)
+        read_manifest(settings.model_dir)  # a clear message now, not a half-started server
+    except (ValidationError, FileNotFoundError, ValueError) as err:
+        print(f"elmo-serve: {err}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = uvicorn.Config(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,330 @@
+"""The HTTP API: thin routes that validate, enqueue, await and encode. Batching lives in batcher.py,
+ONNX Runtime in engine.py, the arithmetic of mixes in mix.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from contextlib import asynccontextmanager
+from time import perf_counter
+
+import numpy as np
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.batcher import Batcher, QueueFull
+from service.engine import Engine
+from service.metrics import Metrics
+from service.mix import compose
+from service.schemas import (
+    EmbedRequest,
+    EmbedResponse,
+    ErrorResponse,
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+)
+from service.settings import Settings
+from service.tokenize import tokenize
+
+log = logging.getLogger("elmo.service")
+DISCONNECT_POLL_S = 0.05
+ERRORS = {code: {"model": ErrorResponse} for code in (413, 422, 503)}
+
+
+class ApiError(Exception):
+    """A client error with its status and the field it concerns."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.field, self.headers = status, field, headers
+
+
+def _json(payload, status: int = 200, headers: dict | None = None) -> Response:
+    # orjson writes numpy arrays directly, many times faster than json + tolist() for large answers.
+    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def _b64(array: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").tobytes()).decode("ascii")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            engine = Engine(settings.model_dir, settings.provider, settings.intra_op_threads, settings.inter_op_threads)
+        except Exception as err:
+            log.error("cannot load the model from %s: %s", settings.model_dir, err)
+            raise
+        batcher = Batcher(
+            engine.run,
+            settings.batch_tokens,
+            settings.max_wait_ms / 1000,
+            settings.queue_tokens,
+            on_batch=metrics.observe_batch,
+        )
+        app.state.engine, app.state.batcher = engine, batcher
+        app.state.model_name = settings.model_name or settings.model_dir.name
+        batcher.start()
+        await batcher.embed([["Warm", "-", "up", "."]])  # first run allocates; answer no one with it
+        app.state.ready = True
+        log.info("serving %s (%s) on %s", settings.model_dir, engine.provider, f"{settings.host}:{settings.port}")
+        yield
+        app.state.ready = False
+        await batcher.stop()
+
+    app = FastAPI(
+        title="ELMo embeddings",
+        version="0.1.0",
+        description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
+        lifespan=lifespan,
+    )
+    app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
+    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(_RequestMetrics, metrics=metrics)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError):
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+        ]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid body"}
+        field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return _json({"detail": f"{field}: {first['msg']}", "errors": errors}, status=422)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        detail = f"{exc.field}: {exc}" if exc.field else str(exc)
+        return _json({"detail": detail}, status=exc.status, headers=exc.headers)
+
+    async def embed_tokens(request: Request, sentences: list[list[str]]) -> list[np.ndarray]:
+        """Queue the sentences, and drop them if the client goes away before they ran."""
+        if not app.state.ready:
+            raise ApiError(503, "not ready (starting or shutting down)", headers=_retry(settings))
+        task = asyncio.ensure_future(app.state.batcher.embed(sentences))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                break
+            if await request.is_disconnected():
+                task.cancel()
+                raise ApiError(499, "client closed the request")
+        try:
+            return task.result()
+        except QueueFull as err:
+            metrics.rejected.inc()
+            raise ApiError(503, f"overloaded: {err}; retry later", headers=_retry(settings)) from None
+        except Exception as err:
+            log.exception("engine batch failed")
+            raise ApiError(503, f"inference failed ({type(err).__name__}); retry", headers=_retry(settings)) from None
+
+    def tokenized(items: list, field: str) -> list[list[str]]:
+        if len(items) > settings.max_sentences:
+            raise ApiError(413, f"{len(items)} sentences; the limit is {settings.max_sentences} per request", field)
+        sentences = [tokenize(x) if isinstance(x, str) else x for x in items]
+        for i, tokens in enumerate(sentences):
+            if not tokens:
+                raise ApiError(422, "empty sentence", f"{field}[{i}]")
+            if len(tokens) > settings.max_tokens_per_sentence:
+                raise ApiError(
+                    413, f"{len(tokens)} tokens; the limit is {settings.max_tokens_per_sentence}", f"{field}[{i}]"
+                )
+        return sentences
+
+    @app.post("/embed", response_model=EmbedResponse, responses=ERRORS, summary="ELMo vectors of sentences")
+    async def embed(body: EmbedRequest, request: Request):
+        num_layers = app.state.engine.num_layers
+        mixes, layer_ids = _resolve_output(body, num_layers)
+        sentences = tokenized(body.sentences, "sentences")
+        results = await embed_tokens(request, sentences)
+        data = []
+        for i, (tokens, layers) in enumerate(zip(sentences, results, strict=True)):
+            out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix=body.mixes is None)
+            embedding = _b64(out) if body.encoding == "base64" else out
+            data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape)})
+        return _json(
+            {
+                "model": app.state.model_name,
+                "dim": app.state.engine.dim,
+                "num_layers": num_layers,
+                "data": data,
+                "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
+            }
+        )
+
+    @app.post(
+        "/v1/embeddings",
+        response_model=OpenAIEmbeddingResponse,
+        responses=ERRORS,
+        summary="OpenAI-style: one vector per input (mean-pooled average of the layers)",
+    )
+    async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if not texts:
+            raise ApiError(422, "empty list", "input")
+        sentences = tokenized(texts, "input")
+        results = await embed_tokens(request, sentences)
+        default_mix = [([0.0] * app.state.engine.num_layers, 1.0, "softmax", False)]
+        data = []
+        for i, layers in enumerate(results):
+            vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True)
+            embedding = _b64(vector) if body.encoding_format == "base64" else vector
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
+        tokens = sum(map(len, sentences))
+        return _json(
+            {
+                "object": "list",
+                "data": data,
+                "model": app.state.model_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    @app.get("/health/live", summary="the process is up")
+    async def live():
+        return {"status": "live"}
+
+    @app.get("/health/ready", summary="200 once the model is loaded and warm; 503 while starting or draining")
+    async def ready():
+        if app.state.ready:
+            return {"status": "ready"}
+        return _json({"status": "not ready"}, status=503, headers=_retry(settings))
+
+    @app.get("/info", summary="the model, its shape, the provider and the settings in force")
+    async def info():
+        engine = app.state.engine
+        return _json(
+            {
+                "model": app.state.model_name,
+                "dim": engine.dim,
+                "num_layers": engine.num_layers,
+                "provider": engine.provider,
+                "manifest": engine.info.manifest,
+                "settings": settings.public(),
+                "limits": {
+                    "max_sentences": settings.max_sentences,
+                    "max_tokens_per_sentence": settings.max_tokens_per_sentence,
+                    "max_body_bytes": settings.max_body_bytes,
+                    "queue_tokens": settings.queue_tokens,
+                    "batch_tokens": settings.batch_tokens,
+                },
+            }
+        )
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    async def prometheus():
+        metrics.queue_tokens.set(app.state.batcher.queued_tokens if hasattr(app.state, "batcher") else 0)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _retry(settings: Settings) -> dict:
+    return {"Retry-After": str(settings.retry_after_s)}
+
+
+def _resolve_output(body: EmbedRequest, num_layers: int):
+    """The mixes (weights, gamma, normalize, layer_norm) and layer ids a request asks for, checked."""
+    mix_fields = {"weights", "gamma", "normalize", "layer_norm"} & body.model_fields_set
+    if body.output == "layers":
+        for name in sorted(mix_fields | ({"mixes"} & body.model_fields_set)):
+            raise ApiError(422, 'only with output "mix"', name)
+        ids = body.layers
+        for k, layer in enumerate(ids or []):
+            if not -num_layers <= layer < num_layers:
+                raise ApiError(422, f"layer {layer} out of range: the model has {num_layers} layers", f"layers[{k}]")
+        return [], None if ids is None else [layer % num_layers for layer in ids]
+    if body.layers is not None:
+        raise ApiError(422, 'only with output "layers"', "layers")
+    if body.mixes is not None:
+        if mix_fields:
+            raise ApiError(422, f"give either mixes or {', '.join(sorted(mix_fields))}", "mixes")
+        specs = [(m, f"mixes[{k}].weights") for k, m in enumerate(body.mixes)]
+    else:
+        specs = [(body, "weights")]
+    mixes = []
+    for spec, field in specs:
+        weights = [0.0] * num_layers if spec.weights is None else spec.weights
+        if len(weights) != num_layers:
+            raise ApiError(422, f"{len(weights)} weights; the model has {num_layers} layers", field)
+        mixes.append((weights, spec.gamma, spec.normalize, spec.layer_norm))
+    return mixes, None
+
+
+class _BodyLimit:
+    """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or {}).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away; the app will see it
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._refuse(send)
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send):
+        body = orjson.dumps({"detail": f"body: larger than the limit of {self.limit} bytes"})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _RequestMetrics:
+    """Requests by route template and status, and their latency."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = perf_counter(), 500
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", "other")
+            self.metrics.requests.labels(path, str(status)).inc()
+            self.metrics.request_seconds.labels(path).observe(perf_counter() - start)

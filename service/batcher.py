@@ -1,0 +1,172 @@
+"""Dynamic batching: many concurrent requests become few large engine batches. Owns the policy, nothing else.
+
+* Each request's sentences enter the queue as one entry; the queue is bounded in tokens, and a request
+  that does not fit is refused at once (`QueueFull` -> 503 with Retry-After), never left to pile up.
+* The batching loop runs whenever the engine is free: it waits at most `max_wait` for more work while the
+  queue holds less than a batch, then takes every waiting sentence, sorts them by length (little padding)
+  and cuts them into batches whose padded size (rows x longest, boundary tokens included) stays within
+  the token budget. A request larger than a batch is simply spread over several.
+* Entries whose client has gone are dropped before they cost compute.
+* The engine runs in a worker thread, so the event loop keeps serving while a batch computes, and every
+  request gets exactly its own rows back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+
+
+class QueueFull(Exception):
+    """The queue cannot take this request now; the client should retry later."""
+
+
+@dataclass(eq=False)
+class _Entry:
+    sentences: list[list[str]]
+    future: asyncio.Future
+    results: list[np.ndarray | None] = field(default_factory=list)
+    pending: int = 0
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s) + 2 for s in self.sentences)
+
+
+@dataclass
+class BatchStats:
+    """What one engine batch was, for the metrics."""
+
+    sentences: int
+    padded_tokens: int
+    real_tokens: int
+    seconds: float
+    queue_seconds: list[float]
+
+
+class Batcher:
+    def __init__(
+        self,
+        run: EngineRun,
+        batch_tokens: int,
+        max_wait_s: float,
+        queue_tokens: int,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ):
+        self._run = run
+        self.batch_tokens = batch_tokens
+        self.max_wait_s = max_wait_s
+        self.queue_tokens = queue_tokens
+        self._on_batch = on_batch
+        self._queue: list[_Entry] = []
+        self._queued_tokens = 0
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._task: asyncio.Task | None = None
+        self.busy = False
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="batcher")
+
+    async def stop(self) -> None:
+        """Finish everything queued, then stop the loop."""
+        while self._queue or self.busy:
+            await asyncio.sleep(0.01)
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    async def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full.
+        Cancelling the awaiting task (the client went away) takes the request out of the queue."""
+        entry = _Entry(sentences, asyncio.get_running_loop().create_future())
+        if self._queued_tokens + entry.tokens > self.queue_tokens:
+            raise QueueFull(f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens")
+        entry.results = [None] * len(sentences)
+        entry.pending = len(sentences)
+        self._queue.append(entry)
+        self._queued_tokens += entry.tokens
+        self._wakeup.set()
+        try:
+            return await entry.future
+        finally:
+            if entry in self._queue:  # cancelled before it ran: leave nothing behind
+                self._queue.remove(entry)
+                self._queued_tokens -= entry.tokens
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._queue:
+                continue
+            deadline = self._queue[0].enqueued + self.max_wait_s
+            while self._queued_tokens < self.batch_tokens and (wait := deadline - time.perf_counter()) > 0:
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), wait)
+                    self._wakeup.clear()
+                except TimeoutError:
+                    break
+            entries = [e for e in self._queue if not e.future.done()]
+            self._queue.clear()
+            self._queued_tokens = 0
+            if entries:
+                await self._process(entries)
+            if self._queue:
+                self._wakeup.set()
+
+    async def _process(self, entries: list[_Entry]) -> None:
+        items = [(e, i) for e in entries for i in range(len(e.sentences))]
+        items.sort(key=lambda item: len(item[0].sentences[item[1]]), reverse=True)
+        start = 0
+        while start < len(items):
+            longest = len(items[start][0].sentences[items[start][1]]) + 2
+            rows = max(1, self.batch_tokens // longest)
+            batch = [item for item in items[start : start + rows] if not item[0].future.done()]
+            start += rows
+            if batch:
+                await self._run_batch(batch, longest)
+
+    async def _run_batch(self, batch: list[tuple[_Entry, int]], longest: int) -> None:
+        sentences = [entry.sentences[i] for entry, i in batch]
+        now = time.perf_counter()
+        self.busy = True
+        try:
+            layers = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, sentences)
+        except Exception as err:  # a failed batch fails its requests, not the server
+            for entry, _ in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(err)
+            return
+        finally:
+            self.busy = False
+        for (entry, i), array in zip(batch, layers, strict=True):
+            if entry.future.done():
+                continue
+            entry.results[i] = array
+            entry.pending -= 1
+            if entry.pending == 0:
+                entry.future.set_result(entry.results)
+        if self._on_batch:
+            self._on_batch(
+                BatchStats(
+                    sentences=len(batch),
+                    padded_tokens=len(batch) * longest,
+                    real_tokens=sum(len(s) for s in sentences),
+                    seconds=time.perf_counter() - now,
+                    queue_seconds=[now - entry.enqueued for entry, _ in batch],
+                )
+            )

@@ -1,0 +1,42 @@
+"""Prometheus metrics: few, and named alike (elmo_*). One registry per app, so tests can run several."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.batcher import BatchStats
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("elmo_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.request_seconds = Histogram(
+            "elmo_request_seconds", "HTTP request latency", ["route"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_tokens = Gauge("elmo_queue_tokens", "tokens waiting for the engine", registry=r)
+        self.queue_seconds = Histogram(
+            "elmo_queue_seconds", "time from enqueue to batch start", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.batch_sentences = Histogram(
+            "elmo_batch_sentences", "sentences per engine batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )  # fmt: skip
+        self.batch_tokens = Histogram(
+            "elmo_batch_tokens", "padded tokens per engine batch", buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384),
+            registry=r,
+        )  # fmt: skip
+        self.inference_seconds = Histogram(
+            "elmo_inference_seconds", "engine time per batch", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.rejected = Counter("elmo_rejected", "requests refused with 503 because the queue was full", registry=r)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        self.batch_sentences.observe(stats.sentences)
+        self.batch_tokens.observe(stats.padded_tokens)
+        self.inference_seconds.observe(stats.seconds)
+        for seconds in stats.queue_seconds:
+            self.queue_seconds.observe(seconds)

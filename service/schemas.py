@@ -1,0 +1,86 @@
+"""Request and response bodies of the HTTP API (they are also its OpenAPI document)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Finite and bounded, so a mix can never overflow float32 into inf or NaN.
+Number = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
+
+
+class _Strict(BaseModel):
+    # No silent coercion ("1" is not a number) and no unknown fields (a typo is an error, not ignored).
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Mix(_Strict):
+    weights: list[Number] | None = Field(None, description="scalar weights s_j, one per layer; default all 0")
+    gamma: Number = Field(1.0, description="scale of the mix")
+    normalize: Literal["softmax", "none"] = Field("softmax", description="softmax(s) (the paper's mix) or s as is")
+    layer_norm: bool = Field(False, description="normalize each layer over the sentence's tokens and dims first")
+
+
+class EmbedRequest(Mix):
+    sentences: list[list[str] | str] = Field(
+        ...,
+        min_length=1,
+        description="pre-tokenized sentences (lists of tokens), or strings that the server tokenizes (Moses)",
+        examples=[[["The", "bank", "of", "the", "river", "."], "She went to the bank to deposit money."]],
+    )
+    output: Literal["mix", "layers"] = Field("mix", description="the scalar mix, or the per-layer vectors")
+    layers: list[int] | None = Field(None, description='with output "layers": which layers, in this order')
+    pooling: Literal["none", "mean"] = Field("none", description='"mean" averages over the tokens')
+    encoding: Literal["float", "base64"] = Field("float", description="base64: little-endian float32, C order")
+    mixes: list[Mix] | None = Field(None, min_length=1, description="several mixes at once: one per entry")
+
+
+class EmbeddingItem(BaseModel):
+    index: int
+    tokens: list[str]
+    embedding: list | str = Field(..., description="nested lists of shape `shape`, or one base64 string")
+    shape: list[int]
+
+
+class Usage(BaseModel):
+    sentences: int
+    tokens: int
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    dim: int
+    num_layers: int
+    data: list[EmbeddingItem]
+    usage: Usage
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # OpenAI clients send fields such as `user`
+
+    input: str | list[str] = Field(..., description="a string or a list of strings")
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+class ErrorResponse(BaseModel):
+    detail: str | list

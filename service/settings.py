@@ -1,0 +1,42 @@
+"""Every setting of the service, from `ELMO_*` environment variables (or elmo-serve flags), in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Where `make serve` exports the embedded default model (models/default/) before serving it.
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "build" / "models" / "default"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ELMO_", extra="ignore")
+
+    model_dir: Path = Field(DEFAULT_MODEL_DIR, description="folder written by elmo-export")
+    model_name: str | None = Field(None, description="name reported in responses; default: the folder name")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+    # batching
+    batch_tokens: int = Field(4096, ge=1, description="padded tokens per engine batch, boundary tokens included")
+    max_wait_ms: float = Field(2.0, ge=0, description="how long an idle engine waits to fill a batch")
+    queue_tokens: int = Field(65536, ge=1, description="tokens waiting at most; more is answered 503")
+
+    # request limits (413 above them)
+    max_sentences: int = Field(512, ge=1, description="sentences per request")
+    max_tokens_per_sentence: int = Field(1000, ge=1, description="tokens per sentence")
+    max_body_bytes: int = Field(8 << 20, ge=1, description="request body size")
+
+    # ONNX Runtime
+    provider: str = Field("auto", pattern="^(auto|cpu|cuda)$")
+    intra_op_threads: int = Field(0, ge=0, description="0: one per core")
+    inter_op_threads: int = Field(0, ge=0)
+
+    retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")
+    log_level: str = "info"
+
+    def public(self) -> dict:
+        """The values in force, as /info shows them."""
+        return self.model_dump(mode="json")
