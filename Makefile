@@ -5,7 +5,9 @@ RUNTIME  ?= cpu            # cpu (onnxruntime) or gpu (onnxruntime-gpu); never b
 TORCH    := torch==2.13.0  # first, so nothing pulls another torch (and gigabytes of CUDA packages)
 BIN      := $(VENV)/bin
 
-.PHONY: install lint format test clean
+DEFAULT_MODEL := build/models/default
+
+.PHONY: install lint format test serve clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +28,13 @@ format: install
 
 test: install lint
 	$(BIN)/pytest -q
+
+# Export the embedded default model once (again when its files change), then serve it on 127.0.0.1:8000.
+$(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 | install
+	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out $(DEFAULT_MODEL)
+
+serve: install $(DEFAULT_MODEL)/manifest.json
+	$(BIN)/elmo-serve --model $(DEFAULT_MODEL)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -24,14 +24,17 @@ def full_size_model(options: Path = FULL_OPTIONS, seed: int = 0) -> Path:
     """Export (once, cached under build/bench/) a model of the given architecture with random weights,
     written to and read back from the published hdf5 layout first, as a real ELMo would be."""
     from model_export.export import export_published
+    from model_export.onnx_graph import GRAPH_VERSION
     from model_export.options import load_options
     from model_export.weights import random_bilm, write_published_weights
 
     out = BUILD / f"{options.stem}-seed{seed}"
-    if not (out / "onnx" / "manifest.json").exists():
+    if not (out / "weights.hdf5").exists():
         out.mkdir(parents=True, exist_ok=True)
         (out / "options.json").write_text(options.read_text())
         write_published_weights(random_bilm(load_options(options), seed=seed), out / "weights.hdf5")
+    manifest = out / "onnx" / "manifest.json"
+    if not manifest.exists() or json.loads(manifest.read_text()).get("graph_version") != GRAPH_VERSION:
         export_published(out / "options.json", out / "weights.hdf5", out / "onnx")
     return out
 

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import torch
 
 from model_export.bilm import BiLM
-from model_export.onnx_graph import OPSET, build_onnx_model
+from model_export.onnx_graph import GRAPH_VERSION, OPSET, build_onnx_model
 from model_export.weights import load_bilm
 from service.chars import sentence_char_ids
 from service.engine import MANIFEST, Engine
@@ -89,6 +89,7 @@ def export_model(model: BiLM, out_dir: str | Path, sources: dict[str, Path] | No
             "output_dim": opt.output_dim,
             "initial_state": "zero",
             "sources": {kind: {"file": Path(p).name, "sha256": sha256(p)} for kind, p in (sources or {}).items()},
+            "graph_version": GRAPH_VERSION,
             "opset": OPSET,
             "onnx_version": onnx.__version__,
             "onnxruntime_version": ort.__version__,
