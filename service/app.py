@@ -12,9 +12,11 @@ from time import perf_counter
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import Batcher, QueueFull
 from service.engine import Engine
@@ -97,8 +99,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
         ]
         first = errors[0] if errors else {"loc": [], "msg": "invalid body"}
+        if first.get("type") == "json_invalid":  # its loc is ("body", character offset): the field is the body
+            reason = (exc.errors()[0].get("ctx") or {}).get("error", "")
+            detail = f"body: invalid JSON at character {first['loc'][-1]}: {reason}"
+            return _json({"detail": detail, "errors": errors}, status=422)
         field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
         return _json({"detail": f"{field}: {first['msg']}", "errors": errors}, status=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI answers 400 to a body that json.loads fails on other than with JSONDecodeError (bytes that are
+        # not UTF-8, nesting deeper than the recursion limit): that too is an invalid body, so 422 like the rest.
+        if exc.status_code == 400 and isinstance(exc.__cause__, (ValueError, RecursionError)):
+            return _json({"detail": f"body: not valid JSON ({type(exc.__cause__).__name__})"}, status=422)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
@@ -133,6 +147,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for i, tokens in enumerate(sentences):
             if not tokens:
                 raise ApiError(422, "empty sentence", f"{field}[{i}]")
+            if _has_surrogate(tokens):
+                raise ApiError(422, "not valid Unicode (a lone surrogate such as \\ud800)", f"{field}[{i}]")
             if len(tokens) > settings.max_tokens_per_sentence:
                 raise ApiError(
                     413, f"{len(tokens)} tokens; the limit is {settings.max_tokens_per_sentence}", f"{field}[{i}]"
@@ -225,6 +241,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _has_surrogate(tokens: list[str]) -> bool:
+    # JSON may escape one (\ud800); it cannot be written back as UTF-8, so the response could not echo it.
+    try:
+        "".join(tokens).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _retry(settings: Settings) -> dict:

@@ -92,6 +92,8 @@ class Batcher:
     async def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
         """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full.
         Cancelling the awaiting task (the client went away) takes the request out of the queue."""
+        if not sentences:  # no rows would ever resolve its future
+            return []
         entry = _Entry(sentences, asyncio.get_running_loop().create_future())
         if self._queued_tokens + entry.tokens > self.queue_tokens:
             raise QueueFull(f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens")
@@ -118,7 +120,7 @@ class Batcher:
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), wait)
                     self._wakeup.clear()
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
                     break
             entries = [e for e in self._queue if not e.future.done()]
             self._queue.clear()

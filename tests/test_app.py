@@ -1,0 +1,516 @@
+"""The HTTP API end to end: a real elmo-serve (uvicorn) process on 127.0.0.1, spoken to over HTTP. Vectors are
+checked against allennlp's layers and plain numpy formulas; errors by status and the field named in `detail`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import max_error
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_SENTENCES, MAX_TOKENS, MAX_BODY = 64, 400, 200_000
+SETTINGS = {
+    "ELMO_MAX_SENTENCES": str(MAX_SENTENCES),
+    "ELMO_MAX_TOKENS_PER_SENTENCE": str(MAX_TOKENS),
+    "ELMO_MAX_BODY_BYTES": str(MAX_BODY),
+    "ELMO_PROVIDER": "cpu",
+    "ELMO_INTRA_OP_THREADS": "1",
+    "ELMO_INTER_OP_THREADS": "1",
+}
+SERVE = "import sys; from service.cli import serve_main; sys.exit(serve_main())"
+STARTUP_S = 60
+NUM_LAYERS, DIM = 3, 32
+HELLO = ["Hello", ",", "world", "!"]
+# A sentence's vectors in another batch (alone, or with other sentences of other lengths): the bar is 1e-6. On CPU
+# they are the same bits (the graph never runs a 1-row GEMM, whose rounding differs). Distinct sentences differ by
+# >= 0.2.
+BATCH_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    port: int
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"elmo-serve exited with {proc.returncode} before it was ready:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"elmo-serve not ready within {STARTUP_S} s:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory) -> Server:
+    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "server.log"
+    # Only our ELMO_* settings: one left in the environment (a batch size, a limit) would change what is tested.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_") or k == "ELMO_SHARED"} | SETTINGS
+    cmd = [sys.executable, "-c", SERVE, "--model", str(tiny_model_dir), "--port", str(port)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        _wait_ready(proc, f"http://127.0.0.1:{port}", log)
+        yield Server(f"http://127.0.0.1:{port}", port, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+# -- helpers --------------------------------------------------------------------------------------------------------
+
+
+def embed(client: httpx.Client, sentences: list, **options) -> dict:
+    response = client.post("/embed", json={"sentences": sentences, **options})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def array(item: dict) -> np.ndarray:
+    """An answer's embedding as float32 of its `shape`, from nested lists or base64."""
+    shape, embedding = tuple(item["shape"]), item["embedding"]
+    if isinstance(embedding, str):
+        flat = np.frombuffer(base64.b64decode(embedding, validate=True), dtype="<f4")
+        assert flat.size == math.prod(shape)
+        return flat.reshape(shape)
+    out = np.asarray(embedding, dtype=np.float32)
+    assert out.shape == shape
+    return out
+
+
+def arrays(body: dict) -> list[np.ndarray]:
+    assert [item["index"] for item in body["data"]] == list(range(len(body["data"])))
+    return [array(item) for item in body["data"]]
+
+
+def reference_mix(layers, weights=None, gamma=1.0, normalize="softmax", layer_norm=False) -> np.ndarray:
+    """gamma * sum_j w_j h_j in float64 from allennlp's layers (L, n, D); w = softmax(weights) or as given;
+    layer_norm: each h_j scaled to mean 0, variance 1 over the sentence's tokens and dims (epsilon 1e-12)."""
+    h = layers.astype(np.float64)
+    if layer_norm:
+        h = (h - h.mean(axis=(1, 2), keepdims=True)) / np.sqrt(h.var(axis=(1, 2), keepdims=True) + 1e-12)
+    w = np.zeros(len(h)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if normalize == "softmax":
+        w = np.exp(w) / np.exp(w).sum()
+    return gamma * np.einsum("l,ltd->td", w, h)
+
+
+def mix_tolerance(layers, weights=None, gamma=1.0, normalize="softmax", layer_norm=False) -> float:
+    """The served layers are within 1e-5 of allennlp's; a mix is linear in them, so its error is within
+    1e-5 * |gamma| * sum_j |w_j| / sigma_j (sigma_j: layer j's spread when layer-normed, else 1)."""
+    w = np.zeros(len(layers)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if normalize == "softmax":
+        w = np.exp(w) / np.exp(w).sum()
+    sigma = layers.astype(np.float64).std(axis=(1, 2)) if layer_norm else np.ones(len(layers))
+    return 1e-5 * abs(gamma) * float(np.sum(np.abs(w) / sigma))
+
+
+def assert_mix(got: np.ndarray, layers: np.ndarray, pooled: bool = False, **mix) -> None:
+    want = reference_mix(layers, **mix)
+    want = want.mean(axis=0) if pooled else want
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=mix_tolerance(layers, **mix))
+
+
+def counter(client: httpx.Client, name: str, **labels) -> float:
+    """One sample of /metrics (0 if absent)."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def long_sentence(sentences, n: int, start: int = 0) -> list[str]:
+    return list(itertools.islice(itertools.cycle(itertools.chain(*sentences)), start, start + n))
+
+
+# -- numbers --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64"])
+def test_layers_equal_allennlp(client, tiny_model_dir, sentences, expected, encoding):
+    body = embed(client, sentences, output="layers", encoding=encoding)
+    assert (body["model"], body["dim"], body["num_layers"]) == (tiny_model_dir.name, DIM, NUM_LAYERS)
+    assert body["usage"] == {"sentences": len(sentences), "tokens": sum(map(len, sentences))}
+    assert [item["tokens"] for item in body["data"]] == sentences
+    assert [item["shape"] for item in body["data"]] == [[NUM_LAYERS, len(s), DIM] for s in sentences]
+    assert max_error(arrays(body), expected) <= 1e-5
+
+
+def test_base64_is_little_endian_float32_in_c_order(client, sentences):
+    as_float = arrays(embed(client, sentences[:4], output="layers"))
+    as_base64 = arrays(embed(client, sentences[:4], output="layers", encoding="base64"))
+    for f, b in zip(as_float, as_base64, strict=True):
+        assert b.dtype == np.dtype("<f4") and b.shape == f.shape
+        np.testing.assert_array_equal(b, f)  # a float32 survives JSON exactly: any byte or order slip shows
+
+
+def test_layer_selection_picks_and_orders(client, sentences, expected):
+    for ids in ([2, 0], [-1], [1, 1, 0]):
+        got = arrays(embed(client, sentences, output="layers", layers=ids))
+        assert max_error(got, [e[ids] for e in expected]) <= 1e-5
+
+
+MIXES = [
+    pytest.param({}, id="default-equal-weights"),
+    pytest.param({"weights": [0.5, -1.0, 2.0], "gamma": 0.7}, id="softmax"),
+    pytest.param({"weights": [0.2, 0.3, 0.5], "gamma": 2.0, "normalize": "none"}, id="none"),
+    pytest.param({"weights": [1.0, -0.5, 0.25], "gamma": -1.5, "normalize": "none"}, id="none-negative"),
+    pytest.param({"weights": [0.1, 0.2, 0.3], "layer_norm": True}, id="layer-norm-softmax"),
+    pytest.param({"weights": [1.0, 0.5, -2.0], "gamma": 3.0, "normalize": "none", "layer_norm": True}, id="ln-none"),
+]
+
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_mix_equals_numpy_formula(client, sentences, expected, mix):
+    body = embed(client, sentences, **mix)
+    assert [item["shape"] for item in body["data"]] == [[len(s), DIM] for s in sentences]
+    for got, layers in zip(arrays(body), expected, strict=True):
+        assert_mix(got, layers, **mix)
+
+
+def test_mean_pooling(client, sentences, expected):
+    mix = {"weights": [0.3, -0.2, 1.1], "gamma": 1.25}
+    body = embed(client, sentences, pooling="mean", **mix)
+    assert all(item["shape"] == [DIM] for item in body["data"])
+    for got, layers in zip(arrays(body), expected, strict=True):
+        assert_mix(got, layers, pooled=True, **mix)
+    body = embed(client, sentences, output="layers", layers=[2, 0], pooling="mean")
+    assert max_error(arrays(body), [e[[2, 0]].mean(axis=1) for e in expected]) <= 1e-5
+
+
+def test_several_mixes_get_a_leading_axis(client, sentences, expected):
+    mixes = [
+        {"weights": [1.0, 2.0, 3.0], "gamma": 0.5},
+        {"weights": [0.0, 1.0, 0.0], "normalize": "none", "layer_norm": True},
+    ]
+    none = embed(client, sentences, mixes=mixes)
+    mean = embed(client, sentences, mixes=mixes, pooling="mean")
+    one = embed(client, sentences, mixes=mixes[:1])
+    for s, layers, a, b, c in zip(sentences, expected, arrays(none), arrays(mean), arrays(one), strict=True):
+        assert a.shape == (2, len(s), DIM) and b.shape == (2, DIM) and c.shape == (1, len(s), DIM)
+        for k, mix in enumerate(mixes):
+            assert_mix(a[k], layers, **mix)
+            assert_mix(b[k], layers, pooled=True, **mix)
+        assert_mix(c[0], layers, **mixes[0])
+
+
+def test_strings_are_tokenized_like_the_same_tokens(client):
+    river = ["The", "bank", "of", "the", "river", "."]
+    texts = ["Hello, world!", "  Hello,   world!\n", "The bank of the river."]
+    body = embed(client, [*texts, HELLO], output="layers")
+    assert [item["tokens"] for item in body["data"]] == [HELLO, HELLO, river, HELLO]
+    assert body["usage"] == {"sentences": 4, "tokens": 4 + 4 + 6 + 4}
+    got = arrays(body)
+    tokens = arrays(embed(client, [river, HELLO], output="layers"))
+    assert max_error(got, [tokens[1], tokens[1], tokens[0], tokens[1]]) <= BATCH_TOLERANCE
+
+
+# -- concurrency and batching ---------------------------------------------------------------------------------------
+
+
+async def _post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(bodies))
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as ac:
+        return await asyncio.gather(*(ac.post("/embed", json=body) for body in bodies))
+
+
+def layers_of(client: httpx.Client, sentences: list) -> list[np.ndarray]:
+    return arrays(embed(client, sentences, output="layers", encoding="base64"))
+
+
+def test_100_concurrent_clients_each_get_their_own_vectors(server, client, sentences):
+    # Every client a sentence of its own (a unique last token, lengths 1..54); odd clients send a second one.
+    own = [[*sentences[k % 30][k // 30 :], f"client-{k}"] for k in range(100)]
+    requests = [[s, s[::-1]] if k % 2 else [s] for k, s in enumerate(own)]
+    responses = asyncio.run(
+        _post_all(server.url, [{"sentences": r, "output": "layers", "encoding": "base64"} for r in requests])
+    )
+    for sent, response in zip(requests, responses, strict=True):
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert [item["tokens"] for item in body["data"]] == sent
+        assert max_error(arrays(body), [layers_of(client, [s])[0] for s in sent]) <= BATCH_TOLERANCE
+
+
+def test_vectors_do_not_depend_on_the_batch(client, sentences):
+    target, long = sentences[5], long_sentence(sentences, 300)
+    request = [long, sentences[0], target, sentences[3]]  # the target padded to 302 steps
+    mixed, pair = layers_of(client, request), layers_of(client, [sentences[7], target])
+    alone, long_alone = layers_of(client, [target])[0], layers_of(client, [long])[0]
+    assert max_error([mixed[2], pair[1], mixed[0]], [alone, alone, long_alone]) <= BATCH_TOLERANCE
+    np.testing.assert_array_equal(layers_of(client, [target])[0], alone)  # the same call again: the same bits
+    for again, first in zip(layers_of(client, request), mixed, strict=True):
+        np.testing.assert_array_equal(again, first)
+
+
+def test_a_request_spread_over_several_batches(client, sentences):
+    # 14 sentences of 300 tokens are 4228 padded tokens: more than one engine batch of 4096.
+    batch = [long_sentence(sentences, 300, start=7 * k) for k in range(14)] + [sentences[3]]
+    together = layers_of(client, batch)
+    assert max_error(together, [layers_of(client, [s])[0] for s in batch]) <= BATCH_TOLERANCE
+
+
+# -- errors ---------------------------------------------------------------------------------------------------------
+
+ONE = [["a"]]
+BAD_BODIES = [  # (id, body, the field `detail` starts with)
+    ("weights-length", {"sentences": ONE, "weights": [1.0, 2.0]}, "weights"),
+    ("mix-weights-length", {"sentences": ONE, "mixes": [{"weights": [0.0] * 3}, {"weights": [1.0]}]}, "mixes[1]"),
+    ("no-sentences", {"sentences": []}, "sentences"),
+    ("missing-sentences", {"weights": [0.0] * 3}, "sentences"),
+    ("empty-token-list", {"sentences": [["a"], []]}, "sentences[1]"),
+    ("whitespace-string", {"sentences": ["fine", " \t\n "]}, "sentences[1]"),
+    ("empty-string", {"sentences": [""]}, "sentences[0]"),
+    ("unknown-output", {"sentences": ONE, "output": "all"}, "output"),
+    ("unknown-normalize", {"sentences": ONE, "normalize": "l2"}, "normalize"),
+    ("unknown-pooling", {"sentences": ONE, "pooling": "max"}, "pooling"),
+    ("unknown-encoding", {"sentences": ONE, "encoding": "hex"}, "encoding"),
+    ("mix-unknown-normalize", {"sentences": ONE, "mixes": [{"normalize": "l1"}]}, "mixes"),
+    ("layer-too-high", {"sentences": ONE, "output": "layers", "layers": [0, 3]}, "layers[1]"),
+    ("layer-too-low", {"sentences": ONE, "output": "layers", "layers": [-4]}, "layers[0]"),
+    ("layers-with-mix", {"sentences": ONE, "layers": [0]}, "layers"),
+    ("gamma-with-layers", {"sentences": ONE, "output": "layers", "gamma": 2.0}, "gamma"),
+    ("mixes-and-weights", {"sentences": ONE, "mixes": [{}], "weights": [0.0] * 3}, "mixes"),
+    ("no-mixes", {"sentences": ONE, "mixes": []}, "mixes"),
+    ("number-token", {"sentences": [["a", 1]]}, "sentences"),
+    ("number-sentence", {"sentences": [5]}, "sentences"),
+    ("string-sentences", {"sentences": "a b"}, "sentences"),
+    ("string-gamma", {"sentences": ONE, "gamma": "1"}, "gamma"),
+    ("bool-gamma", {"sentences": ONE, "gamma": True}, "gamma"),
+    ("string-weights", {"sentences": ONE, "weights": ["1", "2", "3"]}, "weights"),
+    ("int-layer-norm", {"sentences": ONE, "layer_norm": 1}, "layer_norm"),
+    ("float-layer", {"sentences": ONE, "output": "layers", "layers": [1.0]}, "layers"),
+    ("weight-over-bound", {"sentences": ONE, "weights": [1e7, 0.0, 0.0]}, "weights"),
+    ("unknown-field", {"sentences": ONE, "weight": [0.0] * 3}, "weight"),
+    ("unknown-mix-field", {"sentences": ONE, "mixes": [{"scale": 2.0}]}, "mixes"),
+]
+BAD_TEXTS = [  # (id, raw body, the field): what a JSON encoder would refuse to write
+    ("nan-gamma", b'{"sentences": [["a"]], "gamma": NaN}', "gamma"),
+    ("infinity-weight", b'{"sentences": [["a"]], "weights": [0, Infinity, 0]}', "weights"),
+    ("minus-infinity-gamma", b'{"sentences": [["a"]], "gamma": -Infinity}', "gamma"),
+    ("overflowing-weight", b'{"sentences": [["a"]], "weights": [0, 1e400, 0]}', "weights"),
+    ("nan-in-mixes", b'{"sentences": [["a"]], "mixes": [{"weights": [NaN, 0, 0]}]}', "mixes"),
+    ("truncated", b'{"sentences": [["a"]]', "body"),
+    ("trailing-garbage", b'{"sentences": [["a"]]} x', "body"),
+    ("not-json", b"sentences=a", "body"),
+    ("not-an-object", b'[["a"]]', "body"),
+    ("null", b"null", "body"),
+    ("empty", b"", "body"),
+    ("not-utf8", b'{"sentences": [["\xff\xfe"]]}', "body"),
+    ("nested-too-deep", b'{"sentences": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", "body"),
+    ("lone-surrogate-token", b'{"sentences": [["ok"], ["a", "\\ud800"]]}', "sentences[1]"),
+    ("lone-surrogate-string", b'{"sentences": ["abc \\udfff"]}', "sentences[0]"),
+]
+BAD_OPENAI = [
+    ("empty-list", {"input": []}, "input"),
+    ("empty-string", {"input": ""}, "input[0]"),
+    ("blank-item", {"input": ["fine", "   "]}, "input[1]"),
+    ("missing-input", {"model": "elmo"}, "input"),
+    ("number-input", {"input": 5}, "input"),
+    ("token-ids", {"input": [1, 2]}, "input"),
+    ("unknown-format", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
+    ("number-model", {"input": "a", "model": 1}, "model"),
+]
+
+
+def assert_refused(response: httpx.Response, status: int, field: str) -> str:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and detail.startswith(field), detail
+    return detail
+
+
+@pytest.mark.parametrize(("body", "field"), [c[1:] for c in BAD_BODIES], ids=[c[0] for c in BAD_BODIES])
+def test_invalid_embed_body_is_422_naming_the_field(client, body, field):
+    assert_refused(client.post("/embed", json=body), 422, field)
+
+
+@pytest.mark.parametrize(("text", "field"), [c[1:] for c in BAD_TEXTS], ids=[c[0] for c in BAD_TEXTS])
+def test_invalid_json_text_is_422_naming_the_field(client, text, field):
+    response = client.post("/embed", content=text, headers={"content-type": "application/json"})
+    assert_refused(response, 422, field)
+
+
+def test_body_that_is_not_declared_json_is_422(client):
+    response = client.post("/embed", content=b'{"sentences": [["a"]]}', headers={"content-type": "text/plain"})
+    assert_refused(response, 422, "body")
+
+
+@pytest.mark.parametrize(("body", "field"), [c[1:] for c in BAD_OPENAI], ids=[c[0] for c in BAD_OPENAI])
+def test_invalid_openai_body_is_422_naming_the_field(client, body, field):
+    assert_refused(client.post("/v1/embeddings", json=body), 422, field)
+
+
+OVER_LIMITS = [  # (id, route, body, field, limit)
+    ("sentences", "/embed", {"sentences": ONE * (MAX_SENTENCES + 1)}, "sentences", MAX_SENTENCES),
+    ("tokens", "/embed", {"sentences": [["a"], ["a"] * (MAX_TOKENS + 1)]}, "sentences[1]", MAX_TOKENS),
+    ("tokens-of-string", "/embed", {"sentences": [" ".join(["a"] * (MAX_TOKENS + 1))]}, "sentences[0]", MAX_TOKENS),
+    ("openai-inputs", "/v1/embeddings", {"input": ["a"] * (MAX_SENTENCES + 1)}, "input", MAX_SENTENCES),
+    ("openai-tokens", "/v1/embeddings", {"input": " ".join(["a"] * (MAX_TOKENS + 1))}, "input[0]", MAX_TOKENS),
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "field", "limit"), [c[1:] for c in OVER_LIMITS], ids=[c[0] for c in OVER_LIMITS]
+)
+def test_over_a_limit_is_413_with_the_limit(client, route, body, field, limit):
+    detail = assert_refused(client.post(route, json=body), 413, field)
+    assert f"limit is {limit}" in detail
+
+
+def test_at_the_limits_is_served(client):
+    body = embed(client, [["a"] * MAX_TOKENS] + ONE * (MAX_SENTENCES - 1), pooling="mean")
+    assert body["usage"] == {"sentences": MAX_SENTENCES, "tokens": MAX_TOKENS + MAX_SENTENCES - 1}
+
+
+@pytest.mark.parametrize("route", ["/embed", "/v1/embeddings"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["content-length", "chunked"])
+def test_body_over_the_limit_is_413(client, route, streamed):
+    text = json.dumps({"sentences": [["x" * 1000] * (MAX_BODY // 1000 + 1)]}).encode()
+    assert len(text) > MAX_BODY
+    content = (text[i : i + 16384] for i in range(0, len(text), 16384)) if streamed else text
+    response = client.post(route, content=content, headers={"content-type": "application/json"})
+    assert (response.request.headers.get("transfer-encoding") == "chunked") is streamed
+    detail = assert_refused(response, 413, "body")
+    assert str(MAX_BODY) in detail
+
+
+def test_still_serving_after_the_errors(client):
+    assert client.get("/health/ready").status_code == 200
+    assert embed(client, [HELLO])["data"][0]["tokens"] == HELLO
+
+
+# -- /v1/embeddings -------------------------------------------------------------------------------------------------
+
+
+def test_openai_embeddings(client, tiny_model_dir):
+    texts = ["Hello, world!", "The bank of the river."]
+    single = client.post("/v1/embeddings", json={"input": texts[0], "model": "anything", "user": "ignored"})
+    assert single.status_code == 200, single.text
+    one = single.json()
+    assert (one["object"], one["model"]) == ("list", tiny_model_dir.name)
+    assert one["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
+    assert [(d["object"], d["index"]) for d in one["data"]] == [("embedding", 0)]
+
+    many = {}
+    for encoding in ("float", "base64"):
+        response = client.post("/v1/embeddings", json={"input": texts, "encoding_format": encoding})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["usage"] == {"prompt_tokens": 10, "total_tokens": 10}
+        assert [d["index"] for d in body["data"]] == [0, 1]
+        many[encoding] = [array({"embedding": d["embedding"], "shape": [DIM]}) for d in body["data"]]
+    np.testing.assert_array_equal(many["float"], many["base64"])
+
+    # Each input's vector: the mean over tokens of the equal-weights mix (the mean of the layers), gamma 1.
+    layers = arrays(embed(client, texts, output="layers"))
+    want = [h.astype(np.float64).mean(axis=(0, 1)) for h in layers]
+    assert max_error(many["float"], want) <= 1e-6  # the same batch as the /embed request
+    single = array({"embedding": one["data"][0]["embedding"], "shape": [DIM]})
+    assert max_error([single], want[:1]) <= BATCH_TOLERANCE  # a batch of one
+
+
+# -- health, info, metrics, docs ------------------------------------------------------------------------------------
+
+
+def test_health(client):
+    assert client.get("/health/live").json() == {"status": "live"}
+    ready = client.get("/health/ready")
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+
+
+def test_info(client, server, tiny_model_dir):
+    info = client.get("/info").json()
+    assert (info["model"], info["dim"], info["num_layers"]) == (tiny_model_dir.name, DIM, NUM_LAYERS)
+    assert info["provider"] == "CPUExecutionProvider"
+    assert info["manifest"]["num_layers"] == NUM_LAYERS and info["manifest"]["output_dim"] == DIM
+    assert info["manifest"]["parity"]["max_abs_error"] <= 1e-5
+    limits = info["limits"]
+    assert (limits["max_sentences"], limits["max_tokens_per_sentence"]) == (MAX_SENTENCES, MAX_TOKENS)
+    assert limits["max_body_bytes"] == MAX_BODY and limits["batch_tokens"] == 4096
+    settings = info["settings"]
+    assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
+    assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"
+
+
+def test_metrics(client):
+    before = counter(client, "elmo_requests_total", route="/embed", status="200")
+    latency_before = counter(client, "elmo_request_seconds_count", route="/embed")
+    embed(client, [HELLO])
+    text = client.get("/metrics").text
+    for name in (
+        "elmo_requests_total",
+        "elmo_request_seconds_bucket",
+        "elmo_queue_tokens",
+        "elmo_batch_sentences_bucket",
+        "elmo_batch_tokens_bucket",
+        "elmo_inference_seconds_count",
+    ):
+        assert name in text, name
+    assert counter(client, "elmo_requests_total", route="/embed", status="200") == before + 1
+    assert counter(client, "elmo_request_seconds_count", route="/embed") == latency_before + 1
+    assert counter(client, "elmo_requests_total", route="/embed", status="422") > 0  # the error tests above
+    assert counter(client, "elmo_batch_sentences_count") > 0 and counter(client, "elmo_inference_seconds_count") > 0
+    assert counter(client, "elmo_queue_tokens") == 0  # nothing is waiting now
+
+
+def test_openapi_and_docs(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "post" in paths["/embed"] and "post" in paths["/v1/embeddings"]
+    for path in ("/health/live", "/health/ready", "/info", "/metrics"):
+        assert path in paths
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_no_request_failed_on_the_server(client, server):
+    """Last: nothing above made the server answer 5xx or log a traceback."""
+    statuses = {
+        sample.labels["status"]
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == "elmo_requests_total"
+    }
+    assert statuses and not any(s.startswith("5") for s in statuses), statuses
+    assert "Traceback" not in server.log.read_text()
