@@ -4,8 +4,9 @@ Why not `torch.onnx.export`: the dynamo exporter unrolls a Python time loop to t
 the TorchScript path is deprecated and emits a generic loop. Writing the graph from the module's
 parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in bench/engine.py):
 
-* unique tokens only: the char-CNN runs once per distinct token of the batch (`token_chars`, (U, max_chars))
-  and `token_index` (B, T) places the vectors; frequent words and the boundary tokens cost once;
+* unique tokens only: the char-CNN runs once per distinct token of the batch that the caller has not
+  cached (`token_chars`, (U, max_chars)); `cached_vectors` (V, P) are token vectors the caller kept from
+  earlier batches (the output `token_vectors`); `token_index` (B, T) places rows of [encoded; cached];
 * each layer's input-to-gate products for all time steps are one GEMM per direction before the loop
   (the bias folded in); both directions share one loop;
 * no work on padding: rows are sorted longest first inside the graph, the input GEMM runs on the real
@@ -16,9 +17,10 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
 * the backward direction runs on each sentence reversed within its length (`ReverseSequence`), so
   padding stays behind the real tokens in both directions and never reaches them.
 
-Inputs:  token_chars int32 (U, max_chars), token_index int64 (B, T), lengths int64 (B,)
+Inputs:  token_chars int32 (U, max_chars), U >= 1; cached_vectors float32 (V, P), V >= 0;
+         token_index int64 (B, T) into the U + V token vectors; lengths int64 (B,)
          (T counts the boundary tokens <S> and </S>; lengths[b] <= T; positions past lengths[b] are padding)
-Output:  layers float32 (L+1, B, T, 2P)
+Outputs: layers float32 (L+1, B, T, 2P); token_vectors float32 (U, P), the char-CNN's output for token_chars
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from model_export.bilm import FORGET_BIAS, BiLM
 
 OPSET = 17
 IR_VERSION = 8  # the IR of opset 17; onnx writes its newest by default, which older runtimes refuse
-GRAPH_VERSION = 3  # bumped whenever the graph changes (inputs, outputs or what it computes fast)
+GRAPH_VERSION = 4  # bumped whenever the graph changes (inputs, outputs or what it computes fast)
 
 
 class _Graph:
@@ -143,7 +145,9 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     batch = g.op("Shape", "lengths")  # [B]
     lengths, order = g.op("TopK", "lengths", batch, axis=0, largest=1, sorted=1, outputs=2)
     token_index = g.op("Gather", "token_index", order, axis=0)
-    x = g.op("Gather", _token_encoder(g, model, "token_chars"), token_index)  # (B, T, P)
+    encoded = _token_encoder(g, model, "token_chars")  # (U, P)
+    g.op("Identity", encoded, out=["token_vectors"])
+    x = g.op("Gather", g.op("Concat", encoded, "cached_vectors", axis=0), token_index)  # (B, T, P)
     x_tm = g.op("Transpose", x, perm=[1, 0, 2])  # (T, B, P) time-major
 
     # The packed layout of PyTorch's PackedSequence: real (t, b) positions in time-major order.
@@ -198,13 +202,15 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
         "elmo_bilm",
         [
             helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", opt.max_chars]),
+            helper.make_tensor_value_info("cached_vectors", TensorProto.FLOAT, ["cached", opt.proj_dim]),
             helper.make_tensor_value_info("token_index", TensorProto.INT64, ["batch", "time"]),
             helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"]),
         ],
         [
             helper.make_tensor_value_info(
                 "layers", TensorProto.FLOAT, [opt.num_output_layers, "batch", "time", opt.output_dim]
-            )
+            ),
+            helper.make_tensor_value_info("token_vectors", TensorProto.FLOAT, ["tokens", opt.proj_dim]),
         ],
         initializer=g.initializers,
     )

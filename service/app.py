@@ -62,7 +62,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         try:
-            engine = Engine(settings.model_dir, settings.provider, settings.intra_op_threads, settings.inter_op_threads)
+            engine = Engine(
+                settings.model_dir,
+                settings.provider,
+                settings.intra_op_threads,
+                settings.inter_op_threads,
+                settings.token_cache,
+            )
         except Exception as err:
             log.error("cannot load the model from %s: %s", settings.model_dir, err)
             raise

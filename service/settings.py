@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     provider: str = Field("auto", pattern="^(auto|cpu|cuda)$")
     intra_op_threads: int = Field(0, ge=0, description="0: one per core")
     inter_op_threads: int = Field(0, ge=0)
+    token_cache: int = Field(50_000, ge=0, description="token vectors kept for frequent words (0: none)")
 
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")
     log_level: str = "info"

@@ -4,16 +4,47 @@ import numpy as np
 import pytest
 
 from service.chars import token_char_ids
-from service.engine import Engine, choose_providers, encode_batch
+from service.engine import Engine, TokenCache, choose_providers, encode_batch
 
 
 def test_feeds_hold_each_distinct_token_once():
-    feeds = encode_batch([["a", "b", "a"], ["b"]], max_chars=50)
+    feeds, encoded = encode_batch([["a", "b", "a"], ["b"]], max_chars=50, dim=16)
     # <S>, </S>, a, b
-    assert feeds["token_chars"].shape == (4, 50)
+    assert encoded == {"<S>": 0, "</S>": 1, "a": 2, "b": 3}
+    assert feeds["token_chars"].shape == (4, 50) and feeds["cached_vectors"].shape == (0, 16)
     np.testing.assert_array_equal(feeds["token_chars"][2], token_char_ids("a"))
     assert feeds["token_index"].tolist() == [[0, 2, 3, 2, 1], [0, 3, 1, 0, 0]]
     assert feeds["lengths"].tolist() == [5, 3]
+
+
+def test_cached_tokens_are_not_encoded_again():
+    cache = TokenCache(10)
+    cache.put("b", np.full(16, 7, np.float32))
+    feeds, encoded = encode_batch([["a", "b", "a"], ["b"]], max_chars=50, dim=16, cache=cache)
+    assert encoded == {"<S>": 0, "</S>": 1, "a": 2}  # "b" comes from the cache, after the 3 encoded rows
+    assert feeds["cached_vectors"].tolist() == [[7.0] * 16]
+    assert feeds["token_index"].tolist() == [[0, 2, 3, 2, 1], [0, 3, 1, 0, 0]]
+
+
+def test_cache_is_bounded_least_recent_out():
+    cache = TokenCache(2)
+    for token in "abc":
+        cache.put(token, np.zeros(1, np.float32))
+    assert len(cache) == 2 and cache.get("a") is None
+    cache.get("b")  # b is now more recent than c
+    cache.put("d", np.zeros(1, np.float32))
+    assert cache.get("c") is None and cache.get("b") is not None
+
+
+def test_cache_changes_no_bit_and_earlier_requests_change_nothing(tiny_model_dir, sentences):
+    fresh = Engine(tiny_model_dir, provider="cpu", token_cache=0)
+    cached = Engine(tiny_model_dir, provider="cpu", token_cache=1000)
+    cached.run(sentences[10:])  # fills the cache with the words of other sentences
+    assert len(cached.token_cache) > 100
+    for want, got in zip(fresh.run(sentences[:10]), cached.run(sentences[:10]), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for s in sentences[:3]:  # alone (few rows to encode) and cached: the same bits again
+        np.testing.assert_array_equal(cached.run([s])[0], fresh.run([s])[0])
 
 
 def test_outputs_are_per_sentence_without_boundaries(engine):
