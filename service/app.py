@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.max_wait_ms / 1000,
             settings.queue_tokens,
             on_batch=metrics.observe_batch,
+            gather_s=settings.gather_ms / 1000,
         )
         app.state.engine, app.state.batcher = engine, batcher
         app.state.model_name = settings.model_name or settings.model_dir.name

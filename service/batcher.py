@@ -3,7 +3,8 @@
 * Each request's sentences enter the queue as one entry; the queue is bounded in tokens, and a request
   that does not fit is refused at once (`QueueFull` -> 503 with Retry-After), never left to pile up.
 * The batching loop runs whenever the engine is free: it waits at most `max_wait` for more work while the
-  queue holds less than a batch, then takes every waiting sentence, sorts them by length (little padding)
+  queue holds less than a batch (after a round that answered several clients, up to `gather` for them to
+  send again), then takes every waiting sentence, sorts them by length (little padding)
   and cuts them into batches whose padded size (rows x longest, boundary tokens included) stays within
   the token budget. A request larger than a batch is simply spread over several.
 * Entries whose client has gone are dropped before they cost compute.
@@ -60,10 +61,14 @@ class Batcher:
         max_wait_s: float,
         queue_tokens: int,
         on_batch: Callable[[BatchStats], None] | None = None,
+        gather_s: float = 0.0,
     ):
         self._run = run
         self.batch_tokens = batch_tokens
         self.max_wait_s = max_wait_s
+        self.gather_s = gather_s
+        self._expected = 0  # requests expected back after the last round (0: do not wait for them)
+        self._gather_until = 0.0
         self.queue_tokens = queue_tokens
         self._on_batch = on_batch
         self._queue: list[_Entry] = []
@@ -115,20 +120,36 @@ class Batcher:
             self._wakeup.clear()
             if not self._queue:
                 continue
-            deadline = self._queue[0].enqueued + self.max_wait_s
-            while self._queued_tokens < self.batch_tokens and (wait := deadline - time.perf_counter()) > 0:
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), wait)
-                    self._wakeup.clear()
-                except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-                    break
+            await self._gather()
             entries = [e for e in self._queue if not e.future.done()]
             self._queue.clear()
             self._queued_tokens = 0
             if entries:
                 await self._process(entries)
+                # Clients just answered tend to send again: after a round that answered several requests,
+                # wait (at most `gather`) for them too, so N steady concurrent clients share one batch of N
+                # instead of settling into alternating smaller batches (measured: half the batch, -25% tokens/s).
+                if len(entries) > 1:
+                    self._expected = len(self._queue) + len(entries)
+                    self._gather_until = time.perf_counter() + self.gather_s
             if self._queue:
                 self._wakeup.set()
+
+    async def _gather(self) -> None:
+        """Wait for more work while the queue holds less than a batch: until `max_wait` after the oldest
+        entry, and after a round of several requests, until as many are back (at most `gather`)."""
+        deadline = self._queue[0].enqueued + self.max_wait_s
+        expected, self._expected = self._expected, 0
+        if expected:
+            deadline = max(deadline, self._gather_until)
+        while self._queued_tokens < self.batch_tokens and (wait := deadline - time.perf_counter()) > 0:
+            if expected and len(self._queue) >= expected:
+                return
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+                self._wakeup.clear()
+            except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+                return
 
     async def _process(self, entries: list[_Entry]) -> None:
         items = [(e, i) for e in entries for i in range(len(e.sentences))]

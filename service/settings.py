@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     # batching
     batch_tokens: int = Field(4096, ge=1, description="padded tokens per engine batch, boundary tokens included")
     max_wait_ms: float = Field(2.0, ge=0, description="how long an idle engine waits to fill a batch")
+    gather_ms: float = Field(
+        100.0, ge=0, description="after a batch that answered several clients, how long to wait for them to send again"
+    )
     queue_tokens: int = Field(65536, ge=1, description="tokens waiting at most; more is answered 503")
 
     # request limits (413 above them)

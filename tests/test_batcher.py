@@ -454,3 +454,27 @@ def test_an_empty_request_is_answered_at_once(engine):
     assert got == []
     assert recorder.calls == [[["ok"]]]
     assert_own_rows(engine, [["ok"]], after)
+
+
+def test_clients_answered_together_are_waited_for_together(engine):
+    """After a round that answered several requests, the next batch waits (up to `gather`) until as many
+    are back, so steady concurrent clients share one batch instead of alternating smaller ones."""
+    recorder = Recorder(engine)
+
+    async def main():
+        batcher = Batcher(recorder, batch_tokens=4096, max_wait_s=0.0, queue_tokens=100_000, gather_s=5.0)
+        batcher.start()
+        first = make_sentences(2, seed=1)
+        await asyncio.gather(*(batcher.embed([s]) for s in first))  # one round of 2 requests
+        calls = len(recorder.calls)
+        again = [asyncio.ensure_future(batcher.embed([s])) for s in first[:1]]
+        await asyncio.sleep(0.05)  # the second client is slower to come back
+        assert len(recorder.calls) == calls  # not run yet, although max_wait is 0
+        again.append(asyncio.ensure_future(batcher.embed([first[1]])))
+        await asyncio.gather(*again)
+        assert recorder.calls[calls:] == [sorted(first, key=len, reverse=True)]  # one batch for both
+        lone = await batcher.embed([first[0]])  # a round of one request sets no wait for the next one
+        await batcher.stop()
+        return lone
+
+    assert run(main)[0].shape[1] == len(make_sentences(2, seed=1)[0])
