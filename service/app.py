@@ -7,7 +7,6 @@ import asyncio
 import base64
 import logging
 from contextlib import asynccontextmanager
-from time import perf_counter
 
 import numpy as np
 import orjson
@@ -21,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.batcher import Batcher, QueueFull
 from service.engine import Engine
 from service.metrics import Metrics
+from service.middleware import BodyLimit, RequestMetrics
 from service.mix import compose
 from service.schemas import (
     EmbedRequest,
@@ -97,8 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
-    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(_RequestMetrics, metrics=metrics)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError):
@@ -289,74 +289,3 @@ def _resolve_output(body: EmbedRequest, num_layers: int):
             raise ApiError(422, f"{len(weights)} weights; the model has {num_layers} layers", field)
         mixes.append((weights, spec.gamma, spec.normalize, spec.layer_norm))
     return mixes, None
-
-
-class _BodyLimit:
-    """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed)."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or {}).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send)
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                break  # the client went away; the app will see it
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                return await self._refuse(send)
-            more = message.get("more_body", False)
-        body, replayed = b"".join(chunks), False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, send):
-        body = orjson.dumps({"detail": f"body: larger than the limit of {self.limit} bytes"})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-class _RequestMetrics:
-    """Requests by route template and status, and their latency."""
-
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        start, status = perf_counter(), 500
-
-        async def send_status(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            route = scope.get("route")
-            path = getattr(route, "path", "other")
-            self.metrics.requests.labels(path, str(status)).inc()
-            self.metrics.request_seconds.labels(path).observe(perf_counter() - start)
