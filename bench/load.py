@@ -1,0 +1,165 @@
+"""Service throughput and latency under concurrency, against bulk elmo-embed, on one machine.
+
+    .venv/bin/python -m bench.load [--clients 1,8,32,128] [--seconds 20] [--encoding float] [--model DIR]
+
+In one run, on the full-size published architecture (random weights) unless --model is given:
+  1. bulk: one `elmo-embed` job over the fixture sentences (x20), tokens/s of its embedding phase;
+  2. engine: the engine's own time for each fixture sentence alone (batch 1), in this process;
+  3. a real `elmo-serve` process on 127.0.0.1, and for each concurrency N, N closed-loop clients each
+     sending one-sentence POST /embed requests (the fixture sentences in turn) for --seconds:
+     tokens/s, requests/s, p50/p95/p99 latency, errors.
+Bars: 32 clients reach >= 70% of the bulk tokens/s; a lone client's p50 <= 1.3x the engine's batch-1 time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+from bench.common import BUILD, ROOT, fixture_sentences, full_size_model, percentiles
+from service.engine import Engine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bulk_tokens_per_s(model: Path, sentences: list[list[str]], threads: int) -> float:
+    path = BUILD / "load-bulk.txt"
+    path.write_text("".join(" ".join(s) + "\n" for s in sentences))
+    run = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--model", str(model), str(path), str(BUILD / "load-bulk.hdf5"),
+         "--no-progress", "--threads", str(threads)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return float(re.search(r"\((\d+) tokens/s\)", run.stderr).group(1))
+
+
+def engine_seconds(model: Path, sentences: list[list[str]], threads: int, repeats: int = 5) -> dict[int, float]:
+    """Median engine time of each distinct sentence alone (batch 1), keyed by its index."""
+    engine = Engine(model, provider="cpu", intra_op_threads=threads)
+    engine.run([sentences[0]])
+    out = {}
+    for i, s in enumerate(sentences):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            engine.run([s])
+            times.append(time.perf_counter() - start)
+        out[i] = float(np.median(times))
+    return out
+
+
+async def client_loop(http: httpx.AsyncClient, url: str, sentences, start_index: int, stop_at: float, log, encoding):
+    i = start_index
+    while time.perf_counter() < stop_at:
+        k = i % len(sentences)
+        body = orjson.dumps({"sentences": [sentences[k]], "encoding": encoding})
+        start = time.perf_counter()
+        response = await http.post(url, content=body, headers={"content-type": "application/json"})
+        elapsed = time.perf_counter() - start
+        if response.status_code == 200:
+            orjson.loads(response.content)
+        log.append((k, response.status_code, elapsed))
+        i += 1
+
+
+async def load(url: str, sentences, clients: int, seconds: float, encoding: str) -> dict:
+    log: list[tuple[int, int, float]] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        start = time.perf_counter()
+        stop_at = start + seconds
+        await asyncio.gather(
+            *(client_loop(http, url, sentences, c * 7, stop_at, log, encoding) for c in range(clients))
+        )
+        wall = time.perf_counter() - start
+    ok = [(k, t) for k, status, t in log if status == 200]
+    errors = len(log) - len(ok)
+    tokens = sum(len(sentences[k]) for k, _ in ok)
+    return {
+        "clients": clients,
+        "requests": len(log),
+        "errors": errors,
+        "tokens_per_s": tokens / wall,
+        "requests_per_s": len(ok) / wall,
+        "latency": percentiles([t for _, t in ok]) if ok else {},
+        "per_sentence": {k: t for k, t in ok},
+        "samples": ok,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, help="exported model folder (default: full-size, random weights)")
+    parser.add_argument("--clients", default="1,8,32,128")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--encoding", default="float", choices=["float", "base64"])
+    args = parser.parse_args()
+
+    model = args.model or full_size_model() / "onnx"
+    sentences = fixture_sentences()
+    BUILD.mkdir(parents=True, exist_ok=True)
+
+    bulk = bulk_tokens_per_s(model, sentences * 20, args.threads)
+    print(f"model: {model}")
+    print(f"bulk elmo-embed: {bulk:.0f} tokens/s (embedding phase, without start-up)")
+
+    port = free_port()
+    env = {**os.environ, "ELMO_INTRA_OP_THREADS": str(args.threads), "ELMO_LOG_LEVEL": "warning"}
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
+         "--model", str(model), "--port", str(port)],
+        cwd=ROOT, env=env,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/health/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.time() > deadline or server.poll() is not None:
+                raise SystemExit("server did not become ready")
+            time.sleep(0.2)
+        header = ["tokens/s", "% bulk", "req/s", "p50 ms", "p95 ms", "p99 ms", "errors"]
+        print(f"{'clients':>8}" + "".join(f"{h:>10}" for h in header))
+        for clients in map(int, args.clients.split(",")):
+            r = asyncio.run(load(f"{base}/embed", sentences, clients, args.seconds, args.encoding))
+            lat = {k: v * 1e3 for k, v in r["latency"].items()}
+            print(
+                f"{clients:>8}{r['tokens_per_s']:>10.0f}{r['tokens_per_s'] / bulk:>10.0%}{r['requests_per_s']:>10.1f}"
+                f"{lat.get('p50', 0):>10.0f}{lat.get('p95', 0):>10.0f}{lat.get('p99', 0):>10.0f}{r['errors']:>10}"
+            )
+            if clients == 1 and r["samples"]:
+                # The engine's own batch-1 time per sentence, measured right after, while the server is idle
+                # (batch-1 speed is bound by memory bandwidth and drifts on a shared VM: measure it close by).
+                alone = engine_seconds(model, sentences, args.threads)
+                ratios = [t / alone[k] for k, t in r["samples"]]
+                print(
+                    f"{'':>8}engine alone, batch 1: median {np.median(list(alone.values())) * 1e3:.0f} ms per sentence;"
+                    f" lone request latency / engine time: p50 {np.median(ratios):.2f}x"
+                )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
