@@ -9,11 +9,13 @@ are returned.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +97,19 @@ def encode_batch(
     return feeds, encode
 
 
+def check_single_runtime() -> None:
+    """onnxruntime and onnxruntime-gpu install the same module over each other: refuse to run on such a mix."""
+    installed = []
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            installed.append(f"{name} {metadata.version(name)}")
+    if len(installed) > 1:
+        raise RuntimeError(
+            f"both {' and '.join(installed)} are installed; they overwrite each other's files. "
+            "Uninstall both, then install one (the `cpu` or the `gpu` extra)."
+        )
+
+
 def choose_providers(provider: str) -> list[str]:
     """Providers for "auto" (CUDA when this onnxruntime has it, else CPU), "cuda" or "cpu"."""
     available = ort.get_available_providers()
@@ -143,6 +158,7 @@ class Engine:
         inter_op_threads: int = 0,
         token_cache: int = 50_000,
     ):
+        check_single_runtime()
         self.info = read_manifest(model_dir)
         self.token_cache = TokenCache(token_cache)
         options = ort.SessionOptions()

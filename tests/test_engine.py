@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from service.chars import token_char_ids
-from service.engine import Engine, TokenCache, choose_providers, encode_batch
+from service.engine import Engine, TokenCache, check_single_runtime, choose_providers, encode_batch
 
 
 def test_feeds_hold_each_distinct_token_once():
@@ -75,3 +75,10 @@ def test_cuda_provider_asked_for_without_a_gpu(monkeypatch):
 def test_missing_model_folder_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="elmo-export"):
         Engine(tmp_path)
+
+
+def test_cpu_and_gpu_runtimes_together_are_refused(monkeypatch):
+    check_single_runtime()  # this environment has exactly one
+    monkeypatch.setattr("service.engine.metadata.version", lambda name: "1.0")  # pretend both are installed
+    with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
+        check_single_runtime()
