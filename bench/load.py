@@ -115,9 +115,10 @@ def main() -> None:
     sentences = fixture_sentences()
     BUILD.mkdir(parents=True, exist_ok=True)
 
-    bulk = bulk_tokens_per_s(model, sentences * 20, args.threads)
+    # The best of two bulk runs: the bar is a ratio to it, and a run slowed by the VM would flatter the service.
+    bulk = max(bulk_tokens_per_s(model, sentences * 20, args.threads) for _ in range(2))
     print(f"model: {model}")
-    print(f"bulk elmo-embed: {bulk:.0f} tokens/s (embedding phase, without start-up)")
+    print(f"bulk elmo-embed: {bulk:.0f} tokens/s (embedding phase, without start-up; best of 2)")
 
     port = free_port()
     env = {**os.environ, "ELMO_INTRA_OP_THREADS": str(args.threads), "ELMO_LOG_LEVEL": "warning"}
