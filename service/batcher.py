@@ -33,13 +33,12 @@ class QueueFull(Exception):
 class _Entry:
     sentences: list[list[str]]
     future: asyncio.Future
-    results: list[np.ndarray | None] = field(default_factory=list)
-    pending: int = 0
     enqueued: float = field(default_factory=time.perf_counter)
 
-    @property
-    def tokens(self) -> int:
-        return sum(len(s) + 2 for s in self.sentences)
+    def __post_init__(self) -> None:
+        self.tokens = sum(len(s) + 2 for s in self.sentences)  # what it costs the queue, boundaries included
+        self.results: list[np.ndarray | None] = [None] * len(self.sentences)
+        self.pending = len(self.sentences)  # sentences not computed yet
 
 
 @dataclass
@@ -102,8 +101,6 @@ class Batcher:
         entry = _Entry(sentences, asyncio.get_running_loop().create_future())
         if self._queued_tokens + entry.tokens > self.queue_tokens:
             raise QueueFull(f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens")
-        entry.results = [None] * len(sentences)
-        entry.pending = len(sentences)
         self._queue.append(entry)
         self._queued_tokens += entry.tokens
         self._wakeup.set()

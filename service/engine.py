@@ -184,6 +184,6 @@ class Engine:
         feeds, encoded = encode_batch(sentences, self.info.max_chars, self.info.token_dim, self.token_cache)
         layers, token_vectors = self.session.run(["layers", "token_vectors"], feeds)  # (num_layers, B, T, dim)
         for token, row in encoded.items():
-            if row >= 2:  # not the boundary tokens: they are always encoded
+            if token not in (BOS_TOKEN, EOS_TOKEN):  # always encoded, never looked up
                 self.token_cache.put(token, token_vectors[row].copy())
         return [np.ascontiguousarray(layers[:, row, 1 : len(s) + 1]) for row, s in enumerate(sentences)]
