@@ -62,13 +62,17 @@ class ProjectedLSTM(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, P), real tokens first in each row -> h (B, T, P)."""
+        return self.run(x)[0]
+
+    def run(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x (B, T, P) -> h (B, T, P) and the state (h, c) after step T (the warm initial state is made of those)."""
         batch, steps, _ = x.shape
         gates_x = torch.addmm(self.bias, x.reshape(batch * steps, -1), self.w_input).view(batch, steps, -1)
         h = self.h0.expand(batch, -1)
         c = self.c0.expand(batch, -1)
         outputs = []
-        for t in range(steps):
-            i, j, f, o = (gates_x[:, t] + h @ self.w_hidden).chunk(4, dim=-1)
+        for gates_t in gates_x.unbind(1):  # not gates_x[:, t]: its gradient would be a full-size tensor per step
+            i, j, f, o = (gates_t + h @ self.w_hidden).chunk(4, dim=-1)
             c = torch.sigmoid(f + FORGET_BIAS) * c + torch.sigmoid(i) * torch.tanh(j)
             if self.cell_clip:
                 c = c.clamp(-self.cell_clip, self.cell_clip)
@@ -76,21 +80,22 @@ class ProjectedLSTM(nn.Module):
             if self.proj_clip:
                 h = h.clamp(-self.proj_clip, self.proj_clip)
             outputs.append(h)
-        return torch.stack(outputs, dim=1)
+        return torch.stack(outputs, dim=1), (h, c)
 
 
 class LSTMStack(nn.Module):
     """L projected LSTM layers in one direction; from layer 2 on, each adds its input to its output."""
 
-    def __init__(self, opt: BiLMOptions):
+    def __init__(self, opt: BiLMOptions, dropout: float = 0.0):
         super().__init__()
         self.layers = nn.ModuleList(ProjectedLSTM(opt) for _ in range(opt.n_layers))
         self.skip_connections = opt.skip_connections
+        self.dropout = nn.Dropout(dropout)  # on each layer's input, in training only (elmo-train)
 
     def forward(self, x: Tensor) -> list[Tensor]:
         outputs = []
         for k, layer in enumerate(self.layers):
-            h = layer(x)
+            h = layer(self.dropout(x))
             x = h + x if self.skip_connections and k > 0 else h
             outputs.append(x)
         return outputs
@@ -107,12 +112,12 @@ def reverse_each(x: Tensor, lengths: Tensor) -> Tensor:
 class BiLM(nn.Module):
     """The biLM: a shared char-CNN token layer and separate forward and backward LSTM stacks."""
 
-    def __init__(self, opt: BiLMOptions):
+    def __init__(self, opt: BiLMOptions, dropout: float = 0.0):
         super().__init__()
         self.options = opt
         self.token_encoder = CharCNN(opt)
-        self.forward_lstm = LSTMStack(opt)
-        self.backward_lstm = LSTMStack(opt)
+        self.forward_lstm = LSTMStack(opt, dropout)
+        self.backward_lstm = LSTMStack(opt, dropout)
 
     def contextualize(self, x: Tensor, lengths: Tensor) -> Tensor:
         """Token vectors x (B, T, P), lengths (B,) -> layers (L+1, B, T, 2P)."""
@@ -121,6 +126,15 @@ class BiLM(nn.Module):
         layers = [torch.cat([x, x], dim=-1)]
         layers += [torch.cat([f, b], dim=-1) for f, b in zip(forward, backward, strict=True)]
         return torch.stack(layers)
+
+    def set_initial_state(self, states: list[tuple[Tensor, Tensor]] | None) -> None:
+        """Every sentence's initial (h, c) per layer, forward stack's layers first then the backward stack's;
+        None for the zero state."""
+        cells = [*self.forward_lstm.layers, *self.backward_lstm.layers]
+        with torch.no_grad():
+            for k, cell in enumerate(cells):
+                cell.h0.copy_(states[k][0] if states else torch.zeros_like(cell.h0))
+                cell.c0.copy_(states[k][1] if states else torch.zeros_like(cell.c0))
 
     def forward(self, chars: Tensor) -> Tensor:
         """chars (B, T, max_chars), sentence boundaries included, id 0 = padding -> layers (L+1, B, T, 2P)."""

@@ -1,4 +1,4 @@
-"""Console scripts of the build-time package: elmo-export."""
+"""Console scripts of the build-time package: elmo-export, elmo-train."""
 
 from __future__ import annotations
 
@@ -15,15 +15,26 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--options", required=True, help="options.json of the biLM")
     parser.add_argument("--weights", required=True, help="weights.hdf5 in the published ELMo layout")
     parser.add_argument("--out", required=True, help="folder for model.onnx and manifest.json")
+    parser.add_argument(
+        "--initial-state",
+        choices=("zero", "warm"),
+        default="zero",
+        help="every sentence starts from the zero LSTM state (default), or from one fixed warm state: the mean "
+        "final state over --warmup-text",
+    )
+    parser.add_argument("--warmup-text", help="tokenized text, one sentence per line (with --initial-state warm)")
     args = parser.parse_args(argv)
+    if (args.initial_state == "warm") != (args.warmup_text is not None):
+        parser.error("--initial-state warm and --warmup-text FILE go together")
     try:
-        manifest = export_published(args.options, args.weights, args.out)
+        manifest = export_published(args.options, args.weights, args.out, args.warmup_text)
     except (ExportError, ValueError, OSError) as err:
         print(f"elmo-export: {err}", file=sys.stderr)
         return 1
     parity = manifest["parity"]
     print(
         f"wrote {args.out}/model.onnx: {manifest['num_layers']} layers of {manifest['output_dim']}, "
+        f"{manifest['initial_state']} initial state, "
         f"max abs error vs PyTorch {parity['max_abs_error']:.2e} (tolerance {parity['tolerance']:g})"
     )
     return 0
@@ -31,3 +42,38 @@ def export_main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(export_main())
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    from pathlib import Path
+
+    from model_export.train import train
+
+    parser = argparse.ArgumentParser(
+        prog="elmo-train",
+        description="Train a biLM (or fine-tune one with --init) on tokenized text: one sentence per line, tokens "
+        "separated by spaces. Writes the published layout (options.json + weights.hdf5) and a model card. "
+        "Rerunning the same command after an interruption resumes from OUT/checkpoint.pt.",
+    )
+    parser.add_argument("--corpus", nargs="+", required=True, type=Path, help="training text files")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (also holds the checkpoint)")
+    parser.add_argument("--config", default="small", help="small, tiny, or a JSON file (see model_export/configs/)")
+    parser.add_argument("--init", type=Path, help="fine-tune this model folder (options.json + weights.hdf5)")
+    parser.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
+    parser.add_argument("--heldout", nargs="+", type=Path, help="held-out text (default: every 50th corpus line)")
+    parser.add_argument(
+        "--threads", type=int, help="torch threads (default: all cores; 1 is faster on a machine busy with other work)"
+    )
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        log = train(args.corpus, args.out, args.config, args.init, args.epochs, args.heldout)
+    except (ValueError, OSError) as err:
+        print(f"elmo-train: {err}", file=sys.stderr)
+        return 1
+    ppl = log["heldout_perplexity"]["bilm_zero_state"]
+    print(f"wrote {args.out}: held-out perplexity forward {ppl['forward']}, backward {ppl['backward']}")
+    return 0

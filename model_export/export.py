@@ -18,6 +18,7 @@ import onnxruntime as ort
 import torch
 
 from model_export.bilm import BiLM
+from model_export.initial_state import mean_final_state
 from model_export.onnx_graph import GRAPH_VERSION, OPSET, build_onnx_model
 from model_export.weights import load_bilm
 from service.chars import sentence_char_ids
@@ -71,8 +72,11 @@ def save_onnx(model_proto: onnx.ModelProto, path: Path) -> None:
         onnx.save_model(model_proto, path, save_as_external_data=True, location=path.name + ".data")
 
 
-def export_model(model: BiLM, out_dir: str | Path, sources: dict[str, Path] | None = None) -> dict:
-    """Write `model` to out_dir as model.onnx + manifest.json after the parity check; returns the manifest."""
+def export_model(
+    model: BiLM, out_dir: str | Path, sources: dict[str, Path] | None = None, initial_state: str = "zero"
+) -> dict:
+    """Write `model` to out_dir as model.onnx + manifest.json after the parity check; returns the manifest.
+    `initial_state` names the state the model's h0/c0 buffers hold ("zero", or "warm" set by the caller)."""
     out_dir = Path(out_dir)
     opt = model.options
     with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
@@ -87,7 +91,7 @@ def export_model(model: BiLM, out_dir: str | Path, sources: dict[str, Path] | No
             "architecture": opt.to_dict(),
             "num_layers": opt.num_output_layers,
             "output_dim": opt.output_dim,
-            "initial_state": "zero",
+            "initial_state": initial_state,
             "sources": {kind: {"file": Path(p).name, "sha256": sha256(p)} for kind, p in (sources or {}).items()},
             "graph_version": GRAPH_VERSION,
             "opset": OPSET,
@@ -116,6 +120,15 @@ def export_model(model: BiLM, out_dir: str | Path, sources: dict[str, Path] | No
     return manifest
 
 
-def export_published(options_path: str | Path, weights_path: str | Path, out_dir: str | Path) -> dict:
+def export_published(
+    options_path: str | Path, weights_path: str | Path, out_dir: str | Path, warmup_text: str | Path | None = None
+) -> dict:
+    """Export a published-layout model; with `warmup_text` (tokenized, one sentence per line) every sentence
+    starts from the warm state computed on it (model_export.initial_state), else from zero."""
     model = load_bilm(options_path, weights_path)
-    return export_model(model, out_dir, sources={"options": Path(options_path), "weights": Path(weights_path)})
+    sources = {"options": Path(options_path), "weights": Path(weights_path)}
+    if warmup_text is None:
+        return export_model(model, out_dir, sources)
+    sentences = [line.split() for line in Path(warmup_text).read_text(encoding="utf-8").splitlines() if line.strip()]
+    model.set_initial_state(mean_final_state(model, sentences))
+    return export_model(model, out_dir, sources | {"warmup_text": Path(warmup_text)}, initial_state="warm")

@@ -1,0 +1,428 @@
+"""elmo-train: train (or fine-tune) a biLM on plain text and write it in the published layout.
+
+corpus (one tokenized sentence per line) -> vocabulary (+ <UNK>) -> length-bucketed batches
+-> BiLanguageModel: sum of the forward and backward log-likelihoods, dropout, Adam, gradient clipping
+-> every epoch: held-out perplexity per direction; every few minutes: a checkpoint that a rerun resumes
+-> out/: options.json + weights.hdf5 (what elmo-export and allennlp load), vocab.txt + softmax.hdf5 (for
+   fine-tuning with --init), train_log.json, training_curve.png, MODEL_CARD.md
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import random
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from model_export.bigram import bigram_perplexity
+from model_export.initial_state import mean_final_state
+from model_export.language_model import BiLanguageModel, Perplexity, TokenTable, pad_batch, perplexity
+from model_export.options import BiLMOptions, load_options
+from model_export.vocab import Vocabulary
+from model_export.weights import load_published_weights, random_bilm, write_published_weights
+
+CONFIGS = Path(__file__).with_name("configs")
+CHECKPOINT = "checkpoint.pt"
+HELDOUT_EVERY = 50  # without --heldout, every 50th corpus line is held out
+WARMUP_SENTENCES = 2000  # training sentences whose mean final state is the warm initial state measured here
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    vocab_size: int = 16000
+    min_count: int = 1
+    epochs: int = 5
+    batch_tokens: int = 4096  # padded tokens per batch (<S> and </S> included)
+    learning_rate: float = 2e-3
+    warmup_steps: int = 200  # linear warm-up, then a cosine decay to a tenth
+    dropout: float = 0.1
+    clip_norm: float = 5.0
+    seed: int = 0
+    checkpoint_minutes: float = 5.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainingConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown training settings: {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+def load_config(name_or_path: str) -> tuple[str, BiLMOptions | None, TrainingConfig]:
+    """`small`, `tiny` or a JSON file: {"options": <published options.json>, "training": {...}}, or a plain
+    options.json (then the training settings are the defaults)."""
+    path = CONFIGS / f"{name_or_path}.json" if (CONFIGS / f"{name_or_path}.json").exists() else Path(name_or_path)
+    if not path.exists():
+        raise ValueError(f"--config {name_or_path}: neither small, tiny nor a JSON file")
+    data = json.loads(path.read_text())
+    if "options" not in data and "lstm" in data:
+        data = {"options": data}
+    options = BiLMOptions.from_dict(data["options"]) if "options" in data else None
+    return data.get("description", ""), options, TrainingConfig.from_dict(data.get("training", {}))
+
+
+def read_sentences(paths: list[Path]) -> list[list[str]]:
+    """Tokenized text: one sentence per line, tokens separated by whitespace; empty lines are skipped."""
+    sentences = []
+    for path in paths:
+        with Path(path).open(encoding="utf-8", errors="replace") as f:
+            sentences += [line.split() for line in f if line.strip()]
+    return sentences
+
+
+def make_batches(rows: list[np.ndarray], batch_tokens: int) -> list[list[int]]:
+    """Indices of rows grouped by length, each group's padded size (rows x longest) within batch_tokens."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    batches, current, longest = [], [], 0
+    for i in order:
+        longest_if_added = max(longest, len(rows[i]))
+        if current and longest_if_added * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, longest_if_added = [], len(rows[i])
+        current.append(i)
+        longest = longest_if_added
+    if current:
+        batches.append(current)
+    return batches
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    def __init__(self, model: BiLanguageModel, vocab: Vocabulary, config: TrainingConfig, out_dir: Path):
+        self.model, self.vocab, self.config, self.out_dir = model, vocab, config, out_dir
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+        self.state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "train_seconds": 0.0}
+        self.history: dict[str, list] = {"loss": [], "epochs": []}
+
+    # -- checkpoints: everything needed to continue exactly where training stopped
+    def save_checkpoint(self) -> None:
+        payload = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "state": self.state,
+            "history": self.history,
+            "vocab": self.vocab.words,
+            "config": asdict(self.config),
+            "options": self.model.bilm.options.to_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        tmp = self.out_dir / (CHECKPOINT + ".tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, self.out_dir / CHECKPOINT)  # a kill mid-write leaves the previous checkpoint whole
+
+    def load_checkpoint(self, payload: dict) -> None:
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.state, self.history = payload["state"], payload["history"]
+        torch.set_rng_state(payload["rng"])
+
+    def fit(self, train_rows: list[np.ndarray], heldout_rows: list[np.ndarray], table: TokenTable) -> None:
+        cfg = self.config
+        batches = make_batches(train_rows, cfg.batch_tokens)
+        total_steps = cfg.epochs * len(batches)
+        type_chars, type_targets = table.tensors()
+        last_checkpoint = time.monotonic()
+        while self.state["epoch"] < cfg.epochs:
+            epoch = self.state["epoch"]
+            order = list(range(len(batches)))
+            random.Random(cfg.seed * 1000 + epoch).shuffle(order)
+            self.model.train()
+            bar = tqdm(
+                order[self.state["batch"] :], desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", mininterval=5
+            )
+            epoch_start, epoch_tokens = time.monotonic(), 0
+            for b in bar:
+                started = time.monotonic()
+                self._step([train_rows[i] for i in batches[b]], type_chars, type_targets, total_steps)
+                self.state["train_seconds"] += time.monotonic() - started
+                epoch_tokens += sum(len(train_rows[i]) - 1 for i in batches[b])
+                self.state["batch"] += 1
+                loss = self.history["loss"][-1]["loss"]
+                bar.set_postfix(
+                    loss=f"{loss:.3f}", tok_s=f"{epoch_tokens / (time.monotonic() - epoch_start):.0f}", refresh=False
+                )
+                if time.monotonic() - last_checkpoint > cfg.checkpoint_minutes * 60:
+                    self.save_checkpoint()
+                    last_checkpoint = time.monotonic()
+            bar.close()
+            ppl = perplexity(self.model, heldout_rows, table)
+            self.history["epochs"].append(
+                {"epoch": epoch + 1, "step": self.state["step"], "tokens": self.state["tokens"]} | ppl.as_dict()
+            )
+            print(
+                f"epoch {epoch + 1}/{cfg.epochs}: held-out perplexity forward {ppl.forward:.1f}, "
+                f"backward {ppl.backward:.1f} ({self.state['train_seconds'] / 60:.1f} min of training so far)",
+                flush=True,
+            )
+            self.state["epoch"] += 1
+            self.state["batch"] = 0
+            self.save_checkpoint()
+            last_checkpoint = time.monotonic()
+
+    def _step(self, rows: list[np.ndarray], type_chars, type_targets, total_steps: int) -> None:
+        cfg = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.learning_rate * lr_factor(self.state["step"], cfg.warmup_steps, total_steps)
+        sums = self.model(pad_batch(rows), type_chars, type_targets)
+        loss = (sums.forward + sums.backward) / (2 * sums.predictions)  # mean of both directions' NLL per word
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        self.optimizer.step()
+        self.state["step"] += 1
+        self.state["tokens"] += sums.predictions
+        if self.state["step"] % 10 == 1 or len(self.history["loss"]) == 0:
+            self.history["loss"].append(
+                {"step": self.state["step"], "tokens": self.state["tokens"], "loss": loss.item()}
+            )
+
+
+# -- the output folder
+
+
+def write_softmax(model: BiLanguageModel, path: Path) -> None:
+    # float16: only fine-tuning reads it (the published layout has no softmax), and it halves the file.
+    with h5py.File(path, "w") as f:
+        for name, value in model.softmax.state_dict().items():
+            f.create_dataset(name, data=value.numpy().astype(np.float16))
+
+
+def can_continue_softmax(init_dir: Path) -> bool:
+    return (init_dir / "softmax.hdf5").exists() and (init_dir / "vocab.txt").exists()
+
+
+def init_from(model: BiLanguageModel, init_dir: Path) -> bool:
+    """Fine-tuning: the biLM of init_dir and, when it has one (elmo-train's output), its softmax, which goes with
+    its vocabulary. Returns whether the softmax was loaded."""
+    load_published_weights(model.bilm, init_dir / "weights.hdf5")
+    if not can_continue_softmax(init_dir):
+        return False
+    with h5py.File(init_dir / "softmax.hdf5", "r") as f:
+        state = {name: torch.from_numpy(f[name][...].astype(np.float32)) for name in model.softmax.state_dict()}
+    model.softmax.load_state_dict(state)
+    return True
+
+
+def plot_curve(history: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_ppl) = plt.subplots(1, 2, figsize=(11, 4))
+    tokens = np.array([h["tokens"] for h in history["loss"]]) / 1e6
+    loss = np.array([h["loss"] for h in history["loss"]])
+    if len(loss):
+        window = max(1, len(loss) // 50)
+        smooth = np.convolve(loss, np.ones(window) / window, mode="valid")
+        ax_loss.plot(tokens, loss, alpha=0.3, label="per batch")
+        ax_loss.plot(tokens[window - 1 :], smooth, label="moving mean")
+        ax_loss.legend()
+    ax_loss.set(xlabel="training words (millions)", ylabel="NLL per word (mean of both directions)", title="training")
+    epochs = history["epochs"]
+    x = [e["epoch"] for e in epochs]
+    ax_ppl.plot(x, [e["forward"] for e in epochs], "o-", label="forward")
+    ax_ppl.plot(x, [e["backward"] for e in epochs], "s-", label="backward")
+    ax_ppl.set(xlabel="epoch", ylabel="perplexity", title="held-out perplexity", yscale="log")
+    if epochs:
+        ax_ppl.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def parameter_count(model: BiLanguageModel) -> dict[str, int]:
+    bilm = sum(p.numel() for p in model.bilm.parameters())
+    return {"bilm": bilm, "softmax": sum(p.numel() for p in model.softmax.parameters())}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    zero: Perplexity
+    warm: Perplexity
+    bigram: dict[str, float]
+
+
+def evaluate(model, train_sentences, heldout_sentences, heldout_rows, table, vocab) -> Evaluation:
+    """Held-out perplexity from the zero and from the warm initial state, and the bigram baseline's."""
+    model.bilm.set_initial_state(None)
+    zero = perplexity(model, heldout_rows, table)
+    warmup = train_sentences[:: max(1, len(train_sentences) // WARMUP_SENTENCES)][:WARMUP_SENTENCES]
+    model.bilm.set_initial_state(mean_final_state(model.bilm, warmup))
+    warm = perplexity(model, heldout_rows, table)
+    model.bilm.set_initial_state(None)  # the written weights carry no state: elmo-export chooses
+    return Evaluation(zero, warm, bigram_perplexity(vocab, train_sentences, heldout_sentences))
+
+
+def train(
+    corpus: list[Path],
+    out_dir: Path,
+    config: str = "small",
+    init: Path | None = None,
+    epochs: int | None = None,
+    heldout: list[Path] | None = None,
+) -> dict:
+    """Train (or resume, or fine-tune from `init`) and write the output folder; returns train_log.json's content."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    description, options, cfg = load_config(config)
+    if epochs is not None:
+        cfg = replace(cfg, epochs=epochs)
+    if init is not None:
+        options = load_options(init / "options.json")
+    if options is None:
+        raise ValueError(f"--config {config} has no architecture (options); give one or --init")
+    torch.manual_seed(cfg.seed)
+
+    sentences = read_sentences(corpus)
+    if heldout:
+        train_sentences, heldout_sentences = sentences, read_sentences(heldout)
+    else:
+        train_sentences = [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
+        heldout_sentences = [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
+    if not train_sentences or not heldout_sentences:
+        raise ValueError("the corpus needs training and held-out sentences (give --heldout or more lines)")
+
+    checkpoint = torch.load(out_dir / CHECKPOINT, weights_only=False) if (out_dir / CHECKPOINT).exists() else None
+    if checkpoint is not None:
+        vocab = Vocabulary(checkpoint["vocab"])
+        options = BiLMOptions.from_dict(checkpoint["options"])
+        cfg = replace(TrainingConfig.from_dict(checkpoint["config"]), epochs=cfg.epochs)
+    elif init is not None and can_continue_softmax(init):
+        vocab = Vocabulary.load(init / "vocab.txt")  # new words are still read, through their characters
+    else:
+        vocab = Vocabulary.build(train_sentences, cfg.vocab_size, cfg.min_count)
+    model = BiLanguageModel(options, len(vocab), cfg.dropout)
+    model.bilm.load_state_dict(random_bilm(options, seed=cfg.seed).state_dict())
+    softmax_carried = init_from(model, init) if init is not None and checkpoint is None else False
+
+    table = TokenTable(vocab, options.max_chars)
+    train_rows = [table.encode(s) for s in train_sentences]
+    heldout_rows = [table.encode(s) for s in heldout_sentences]
+    trainer = Trainer(model, vocab, cfg, out_dir)
+    if checkpoint is not None:
+        trainer.load_checkpoint(checkpoint)
+        print(
+            f"resuming from {out_dir / CHECKPOINT}: epoch {trainer.state['epoch'] + 1}, batch {trainer.state['batch']}"
+        )
+    if init is not None and checkpoint is None:
+        print(f"fine-tuning {init}: " + ("its softmax and vocabulary" if softmax_carried else "a new softmax"))
+    n_train_tokens = sum(len(s) for s in train_sentences)
+    print(
+        f"{len(train_sentences)} training sentences ({n_train_tokens} tokens), {len(heldout_sentences)} held out; "
+        f"vocabulary {len(vocab)}; {cfg.epochs} epochs",
+        flush=True,
+    )
+    trainer.fit(train_rows, heldout_rows, table)
+
+    model.eval()
+    evaluation = evaluate(model, train_sentences, heldout_sentences, heldout_rows, table, vocab)
+    (out_dir / "options.json").write_text(json.dumps(options.to_dict(), indent=2) + "\n")
+    write_published_weights(model.bilm, out_dir / "weights.hdf5")
+    write_softmax(model, out_dir / "softmax.hdf5")
+    vocab.save(out_dir / "vocab.txt")
+    plot_curve(trainer.history, out_dir / "training_curve.png")
+    log = {
+        "description": description,
+        "corpus": [str(p) for p in corpus],
+        "heldout": [str(p) for p in heldout] if heldout else f"every {HELDOUT_EVERY}th corpus line",
+        "init": str(init) if init else None,
+        "train_sentences": len(train_sentences),
+        "train_tokens": n_train_tokens,
+        "heldout_sentences": len(heldout_sentences),
+        "heldout_tokens": sum(len(s) for s in heldout_sentences),
+        "vocab_size": len(vocab),
+        "vocab_coverage_heldout": round(
+            sum(w in vocab.index for s in heldout_sentences for w in s) / sum(len(s) for s in heldout_sentences), 4
+        ),
+        "parameters": parameter_count(model),
+        "config": asdict(cfg),
+        "options": options.to_dict(),
+        "train_seconds": round(trainer.state["train_seconds"], 1),
+        "steps": trainer.state["step"],
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads",
+        "heldout_perplexity": {
+            "bilm_zero_state": evaluation.zero.as_dict(),
+            "bilm_warm_state": evaluation.warm.as_dict(),
+            "kneser_ney_bigram": evaluation.bigram,
+        },
+        "history": trainer.history,
+    }
+    (out_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    (out_dir / "MODEL_CARD.md").write_text(model_card(log, out_dir))
+    return log
+
+
+def model_card(log: dict, out_dir: Path) -> str:
+    ppl = log["heldout_perplexity"]
+    opt, cnn = log["options"], log["options"]["char_cnn"]
+
+    def row(name: str, p: dict) -> str:
+        return f"| {name} | {p['forward']} | {p['backward']} |"
+
+    sizes = {
+        name: (out_dir / name).stat().st_size for name in ("weights.hdf5", "softmax.hdf5") if (out_dir / name).exists()
+    }
+    lines = [
+        "# Model card",
+        "",
+        log["description"] or "A biLM trained with elmo-train.",
+        "",
+        "## Data",
+        f"- Training: {', '.join(log['corpus'])}: {log['train_sentences']} sentences, {log['train_tokens']} tokens.",
+        f"- Held out: {log['heldout']}: {log['heldout_sentences']} sentences, {log['heldout_tokens']} tokens.",
+        f"- Output vocabulary: {log['vocab_size']} words including <S>, </S>, <UNK>; "
+        f"covers {100 * log['vocab_coverage_heldout']:.1f}% of held-out tokens (the rest are predicted as <UNK>, "
+        "but every word is read through its characters).",
+        *([f"- Fine-tuned from: {log['init']}"] if log["init"] else []),
+        "",
+        "## Architecture and size",
+        f"- char-CNN: {cnn['embedding']['dim']}-dim char embeddings, filters {cnn['filters']}, "
+        f"{cnn['n_highway']} highway layer(s), {cnn['activation']}.",
+        f"- {opt['lstm']['n_layers']} biLSTM layers of {opt['lstm']['dim']} cells projected to "
+        f"{opt['lstm']['projection_dim']}, cell clip {opt['lstm']['cell_clip']}, projection clip "
+        f"{opt['lstm']['proj_clip']}, residual connection: {opt['lstm']['use_skip_connections']}.",
+        f"- Output: {opt['lstm']['n_layers'] + 1} layers of {2 * opt['lstm']['projection_dim']} dims.",
+        f"- Parameters: {log['parameters']['bilm']:,} in the biLM, {log['parameters']['softmax']:,} in the softmax. "
+        + ", ".join(f"`{k}` {v / 1e6:.1f} MB" for k, v in sizes.items())
+        + ".",
+        "",
+        "## Training",
+        f"- {log['config']['epochs']} epochs, {log['steps']} steps of at most {log['config']['batch_tokens']} tokens, "
+        f"Adam (lr {log['config']['learning_rate']}, warm-up then cosine decay), dropout {log['config']['dropout']}, "
+        f"gradient norm clipped at {log['config']['clip_norm']}.",
+        f"- Training time: {log['train_seconds'] / 60:.1f} min on {log['machine']}.",
+        "- Every sentence starts from the zero state (stateless), as the service runs it.",
+        "",
+        "## Held-out perplexity (lower is better)",
+        "",
+        "| model | forward | backward |",
+        "|---|---|---|",
+        row("this biLM, zero initial state", ppl["bilm_zero_state"]),
+        row("this biLM, warm initial state", ppl["bilm_warm_state"]),
+        row("Kneser-Ney bigram, same vocabulary", ppl["kneser_ney_bigram"]),
+        "",
+        f"Over {ppl['bilm_zero_state']['predictions']} predictions per direction (every word and the sentence end).",
+        "The warm state is the mean final LSTM state over "
+        f"{WARMUP_SENTENCES} training sentences (`elmo-export --initial-state warm`).",
+        "",
+        "![training curve](training_curve.png)",
+        "",
+    ]
+    return "\n".join(lines)

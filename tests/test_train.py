@@ -1,0 +1,227 @@
+"""elmo-train: trains (the tiny config, seconds), resumes, fine-tunes, and writes files the loader and the
+exporter read back; the language model's pieces against plain formulas."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from model_export.bigram import KneserNeyBigram
+from model_export.export import torch_layers
+from model_export.language_model import BiLanguageModel, TokenTable, pad_batch
+from model_export.options import load_options
+from model_export.train import TrainingConfig, load_config, lr_factor, make_batches, train
+from model_export.vocab import Vocabulary
+from model_export.weights import load_bilm
+
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "under",
+    "mat",
+    "rug",
+    "red",
+    "big",
+    "small",
+    "quickly",
+    "slowly",
+]
+
+
+def write_corpus(path: Path, lines: int, seed: int) -> Path:
+    """A toy language with structure: determiner adjective? noun verb adverb? preposition determiner noun."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(lines):
+        s = [rng.choice(["the", "a"])]
+        if rng.random() < 0.5:
+            s.append(rng.choice(["red", "big", "small"]))
+        s += [rng.choice(["cat", "dog"]), rng.choice(["sat", "ran"])]
+        if rng.random() < 0.3:
+            s.append(rng.choice(["quickly", "slowly"]))
+        s += [rng.choice(["on", "under"]), rng.choice(["the", "a"]), rng.choice(["mat", "rug"])]
+        out.append(" ".join(s))
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "toy.txt", 1200, seed=0)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("trained")
+    return out, train([corpus], out, "tiny", epochs=3)
+
+
+def test_training_learns_the_toy_language(trained):
+    _, log = trained
+    ppl = log["heldout_perplexity"]
+    unigram_vocab = len(WORDS) + 3  # uniform guessing over the vocabulary
+    for direction in ("forward", "backward"):
+        assert ppl["bilm_zero_state"][direction] < unigram_vocab / 3
+        # The toy language is a bigram language, so the bigram baseline is near its entropy: the biLM gets close.
+        assert ppl["bilm_zero_state"][direction] < 1.5 * ppl["kneser_ney_bigram"][direction]
+    epochs = log["history"]["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    assert epochs[-1]["forward"] < epochs[0]["forward"]
+
+
+def test_output_folder(trained):
+    out, log = trained
+    for name in ("options.json", "weights.hdf5", "vocab.txt", "softmax.hdf5", "MODEL_CARD.md", "train_log.json"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "Held-out perplexity" in card and str(log["heldout_perplexity"]["bilm_zero_state"]["forward"]) in card
+    vocab = Vocabulary.load(out / "vocab.txt")
+    assert vocab.words[:3] == ["</S>", "<S>", "<UNK>"] and set(WORDS) <= set(vocab.words)
+
+
+def test_written_weights_load_back_and_export(trained, tmp_path):
+    """The published layout: our loader reads it back, and the same vectors come out of the checkpoint."""
+    out, _ = trained
+    bilm = load_bilm(out / "options.json", out / "weights.hdf5")
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    model = BiLanguageModel(load_options(out / "options.json"), len(Vocabulary.load(out / "vocab.txt")))
+    model.load_state_dict(checkpoint["model"])
+    model.eval()
+    sentences = [["the", "cat", "sat"], ["a", "big", "dog", "ran", "slowly"]]
+    for a, b in zip(torch_layers(bilm, sentences), torch_layers(model.bilm, sentences), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with h5py.File(out / "weights.hdf5") as f:
+        assert "char_embed" in f and "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_0" in f
+
+
+def test_resume_continues_where_it_stopped(corpus, trained, tmp_path):
+    """Two epochs, then a rerun asking for three: it starts at epoch 3 from the checkpoint and ends with the same
+    weights as three epochs in one go."""
+    train([corpus], tmp_path, "tiny", epochs=2)
+    log = train([corpus], tmp_path, "tiny", epochs=3)
+    assert [e["epoch"] for e in log["history"]["epochs"]] == [1, 2, 3]
+    # The cosine schedule depends on the total, so the resumed run differs from the straight one after epoch 2,
+    # but everything before the checkpoint is identical.
+    straight = trained[1]["history"]["epochs"]
+    short = json.loads(json.dumps(log["history"]["epochs"][:2]))
+    assert short[0]["step"] == straight[0]["step"]
+    with h5py.File(tmp_path / "weights.hdf5") as f:
+        assert np.isfinite(f["CNN_proj/W_proj"][...]).all()
+
+
+def test_resume_of_a_finished_run_trains_no_more(corpus, trained):
+    out, log = trained
+    again = train([corpus], out, "tiny", epochs=3)
+    assert again["steps"] == log["steps"]
+    assert again["heldout_perplexity"]["bilm_zero_state"] == log["heldout_perplexity"]["bilm_zero_state"]
+
+
+def test_fine_tuning_adapts_to_new_text(trained, tmp_path):
+    """--init: start from the trained model; on text of a shifted distribution, fine-tuning beats the model
+    as it was on that text's held-out part."""
+    base, _ = trained
+    shifted = tmp_path / "shifted.txt"
+    shifted.write_text("\n".join(["under the big mat a dog sat", "on a rug the cat ran quickly"] * 200))
+    tuned = train([shifted], tmp_path / "tuned", "tiny", init=base, epochs=1)
+    before = train([shifted], tmp_path / "zero-epochs", "tiny", init=base, epochs=0)
+    assert tuned["init"] == str(base) and tuned["vocab_size"] == before["vocab_size"]
+    assert (
+        tuned["heldout_perplexity"]["bilm_zero_state"]["forward"]
+        < before["heldout_perplexity"]["bilm_zero_state"]["forward"]
+    )
+
+
+def test_cli_trains_and_rejects_a_bad_config(corpus, tmp_path):
+    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
+    ok = subprocess.run(
+        [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "m"), "--config", "tiny",
+         "--epochs", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "held-out perplexity forward" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "n"), "--config", "huge"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "--config huge" in bad.stderr
+
+
+def test_configs():
+    _, small, cfg = load_config("small")
+    assert small.n_layers >= 2 and small.skip_connections and small.proj_dim < small.cell_dim
+    assert cfg.vocab_size == 16000
+    with pytest.raises(ValueError, match="unknown training settings: bogus"):
+        TrainingConfig.from_dict({"bogus": 1})
+
+
+def test_batches_respect_the_token_budget_and_cover_every_sentence():
+    rows = [np.zeros(n, dtype=np.int32) for n in np.random.default_rng(0).integers(3, 40, size=500)]
+    batches = make_batches(rows, 256)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for b in batches:
+        assert len(b) * max(len(rows[i]) for i in b) <= 256 or len(b) == 1
+
+
+def test_learning_rate_schedule():
+    assert lr_factor(0, 10, 100) == pytest.approx(0.1)
+    assert lr_factor(9, 10, 100) == pytest.approx(1.0)
+    assert lr_factor(10, 10, 100) == pytest.approx(1.0)
+    assert lr_factor(100, 10, 100) == pytest.approx(0.1)
+
+
+def test_language_model_loss_is_the_sum_of_both_directions_log_likelihoods():
+    """The loss against an explicit per-position computation: forward predicts the next word, backward the
+    previous one, padding predicts nothing."""
+    _, opt, _ = load_config("tiny")
+    vocab = Vocabulary(["</S>", "<S>", "<UNK>", "cat", "dog", "sat"])
+    model = BiLanguageModel(opt, len(vocab), dropout=0.0).eval()
+    torch.manual_seed(0)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    table = TokenTable(vocab, opt.max_chars)
+    sentences = [["cat", "sat"], ["dog", "unseen", "sat", "cat"]]
+    rows = [table.encode(s) for s in sentences]
+    chars, targets = table.tensors()
+    with torch.no_grad():
+        sums = model(pad_batch(rows), chars, targets)
+    assert sums.predictions == sum(len(s) + 1 for s in sentences)
+    want_f = want_b = 0.0
+    for s, row in zip(sentences, rows, strict=True):
+        batch = pad_batch([row])
+        x = model.bilm.token_encoder(chars[batch[0]]).unsqueeze(0)
+        with torch.no_grad():
+            top_f = model.bilm.forward_lstm(x)[-1][0]
+            top_b = model.bilm.backward_lstm(x.flip(1))[-1][0].flip(0)
+            ids = [vocab.id(w) for w in ["<S>", *s, "</S>"]]
+            for t in range(len(ids) - 1):
+                want_f -= float(model.softmax.log_prob(top_f[t : t + 1])[0, ids[t + 1]])
+                want_b -= float(model.softmax.log_prob(top_b[t + 1 : t + 2])[0, ids[t]])
+    assert float(sums.forward) == pytest.approx(want_f, rel=1e-5)
+    assert float(sums.backward) == pytest.approx(want_b, rel=1e-5)
+
+
+def test_kneser_ney_bigram_is_a_distribution():
+    vocab = Vocabulary(["</S>", "<S>", "<UNK>", "a", "b", "c"])
+    model = KneserNeyBigram(vocab, [["a", "b"], ["a", "c", "x"], ["b", "b", "a"]])
+    for v in range(len(vocab)):
+        assert sum(model.prob(v, w) for w in range(len(vocab))) == pytest.approx(1.0)
+    ppl, count = model.perplexity([["a", "b"]])
+    assert count == 3 and 1 < ppl < len(vocab)
+    assert math.isclose(
+        ppl, math.exp(-(math.log(model.prob(1, 3)) + math.log(model.prob(3, 4)) + math.log(model.prob(4, 0))) / 3)
+    )
