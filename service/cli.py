@@ -6,8 +6,15 @@ import argparse
 import logging
 import sys
 
-from service.bulk import InputError, embed_file
+from service.bulk import InputError, Shard, embed_file
 from service.engine import Engine
+
+
+def _shard(text: str) -> Shard:
+    try:
+        return Shard.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def embed_main(argv: list[str] | None = None) -> int:
@@ -23,17 +30,28 @@ def embed_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument(
+        "--shard",
+        type=_shard,
+        default=Shard(),
+        metavar="I/N",
+        help="embed only the lines k with k mod N == I (lines and I counted from 0), keeping their line indexes "
+        "as keys: N jobs with --shard 0/N ... N-1/N cover the input exactly once",
+    )
     args = parser.parse_args(argv)
     if args.batch_tokens < 1:
         parser.error("--batch-tokens must be at least 1")
     try:
         engine = Engine(args.model, provider=args.provider, intra_op_threads=args.threads)
-        stats = embed_file(engine, args.input, args.output, args.batch_tokens, progress=not args.no_progress)
+        stats = embed_file(
+            engine, args.input, args.output, args.batch_tokens, progress=not args.no_progress, shard=args.shard
+        )
     except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
         print(f"elmo-embed: {err}", file=sys.stderr)
         return 1
+    of_shard = f" of shard {args.shard}" if args.shard.count > 1 else ""
     print(
-        f"embedded {stats['sentences']} sentences, {stats['tokens']} tokens in {stats['seconds']:.1f} s "
+        f"embedded {stats['sentences']} sentences{of_shard}, {stats['tokens']} tokens in {stats['seconds']:.1f} s "
         f"({stats['tokens_per_s']:.0f} tokens/s) -> {args.output}",
         file=sys.stderr,
     )
