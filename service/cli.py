@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from service.bulk import InputError, Shard, embed_file
@@ -58,6 +59,20 @@ def embed_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cannot_listen(host: str, port: int) -> OSError | None:
+    """Why (host, port) cannot be listened on now, if it cannot: checked before the model is loaded."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            sock.bind(address)
+    except OSError as err:
+        return err
+    return None
+
+
 def serve_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="elmo-serve",
@@ -81,6 +96,13 @@ def serve_main(argv: list[str] | None = None) -> int:
         read_manifest(settings.model_dir)  # a clear message now, not a half-started server
     except (ValidationError, FileNotFoundError, ValueError) as err:
         print(f"elmo-serve: {err}", file=sys.stderr)
+        return 1
+    if err := cannot_listen(settings.host, settings.port):
+        print(
+            f"elmo-serve: cannot listen on {settings.host}:{settings.port} ({err.strerror or err}): "
+            "choose another port with --port or ELMO_PORT (e.g. `ELMO_PORT=8001 make serve`)",
+            file=sys.stderr,
+        )
         return 1
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(
