@@ -1,21 +1,20 @@
 # The documented commands. `make test` and `make serve` install what they need on first use.
-VENV     ?= .venv
-PYTHON   ?= python3
-RUNTIME  ?= cpu            # cpu (onnxruntime) or gpu (onnxruntime-gpu); never both in one environment
-TORCH    := torch==2.13.0  # first, so nothing pulls another torch (and gigabytes of CUDA packages)
-BIN      := $(VENV)/bin
+VENV    ?= .venv
+PYTHON  ?= python3
+# cpu (onnxruntime) or gpu (onnxruntime-gpu): never both in one environment
+RUNTIME ?= cpu
+BIN     := $(VENV)/bin
 
 DEFAULT_MODEL := build/models/default
 
-.PHONY: install lint format test serve clean
+.PHONY: install lint format test serve image clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-$(RUNTIME)
 
-$(VENV)/.installed: pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[$(strip $(RUNTIME)),export,dev]"
+# scripts/install.sh is also what the Docker images run: torch 2.13.0 (CPU) first, then the project.
+$(VENV)/.installed-$(RUNTIME): pyproject.toml scripts/install.sh
+	PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --dev --editable
+	rm -f $(VENV)/.installed*
 	touch $@
 
 lint: install
@@ -27,14 +26,19 @@ format: install
 	$(BIN)/ruff format .
 
 test: install lint
-	$(BIN)/pytest -q
+	$(BIN)/python -m pytest -q
 
-# Export the embedded default model once (again when its files change), then serve it on 127.0.0.1:8000.
+# Export the embedded default model once (again when its files change), then serve it on 127.0.0.1:8000
+# (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply).
 $(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 | install
 	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out $(DEFAULT_MODEL)
 
 serve: install $(DEFAULT_MODEL)/manifest.json
 	$(BIN)/elmo-serve --model $(DEFAULT_MODEL)
+
+# The Docker image for RUNTIME (needs a Docker engine): elmo-service:cpu or elmo-service:gpu.
+image:
+	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(RUNTIME) .
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
-from service.bulk import InputError, embed_file
+from service.bulk import InputError, Shard, embed_file
 from service.engine import Engine
+
+
+def _shard(text: str) -> Shard:
+    try:
+        return Shard.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def embed_main(argv: list[str] | None = None) -> int:
@@ -23,21 +31,46 @@ def embed_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument(
+        "--shard",
+        type=_shard,
+        default=Shard(),
+        metavar="I/N",
+        help="embed only the lines k with k mod N == I (lines and I counted from 0), keeping their line indexes "
+        "as keys: N jobs with --shard 0/N ... N-1/N cover the input exactly once",
+    )
     args = parser.parse_args(argv)
     if args.batch_tokens < 1:
         parser.error("--batch-tokens must be at least 1")
     try:
         engine = Engine(args.model, provider=args.provider, intra_op_threads=args.threads)
-        stats = embed_file(engine, args.input, args.output, args.batch_tokens, progress=not args.no_progress)
+        stats = embed_file(
+            engine, args.input, args.output, args.batch_tokens, progress=not args.no_progress, shard=args.shard
+        )
     except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
         print(f"elmo-embed: {err}", file=sys.stderr)
         return 1
+    of_shard = f" of shard {args.shard}" if args.shard.count > 1 else ""
     print(
-        f"embedded {stats['sentences']} sentences, {stats['tokens']} tokens in {stats['seconds']:.1f} s "
+        f"embedded {stats['sentences']} sentences{of_shard}, {stats['tokens']} tokens in {stats['seconds']:.1f} s "
         f"({stats['tokens_per_s']:.0f} tokens/s) -> {args.output}",
         file=sys.stderr,
     )
     return 0
+
+
+def cannot_listen(host: str, port: int) -> OSError | None:
+    """Why (host, port) cannot be listened on now, if it cannot: checked before the model is loaded."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            sock.bind(address)
+    except OSError as err:
+        return err
+    return None
 
 
 def serve_main(argv: list[str] | None = None) -> int:
@@ -63,6 +96,13 @@ def serve_main(argv: list[str] | None = None) -> int:
         read_manifest(settings.model_dir)  # a clear message now, not a half-started server
     except (ValidationError, FileNotFoundError, ValueError) as err:
         print(f"elmo-serve: {err}", file=sys.stderr)
+        return 1
+    if err := cannot_listen(settings.host, settings.port):
+        print(
+            f"elmo-serve: cannot listen on {settings.host}:{settings.port} ({err.strerror or err}): "
+            "choose another port with --port or ELMO_PORT (e.g. `ELMO_PORT=8001 make serve`)",
+            file=sys.stderr,
+        )
         return 1
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(

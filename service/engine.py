@@ -166,8 +166,17 @@ class Engine:
         options.inter_op_num_threads = inter_op_threads
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         model_file = Path(model_dir) / self.info.manifest.get("model_file", "model.onnx")
-        self.session = ort.InferenceSession(str(model_file), options, providers=choose_providers(provider))
+        providers = choose_providers(provider)
+        self.session = ort.InferenceSession(str(model_file), options, providers=providers)
         self.provider = self.session.get_providers()[0]
+        if provider == "cuda" and self.provider != providers[0]:
+            # ONNX Runtime falls back to the CPU with a warning when CUDA cannot start (no GPU visible, a CUDA
+            # or cuDNN library missing): a GPU deployment would look healthy at a fraction of its speed.
+            raise RuntimeError(
+                f"provider 'cuda' asked for, but ONNX Runtime could not start {providers[0]} and fell back to "
+                f"{self.provider}: is a GPU visible, and are the CUDA and cuDNN libraries onnxruntime-gpu "
+                f"{ort.__version__} needs installed?"
+            )
 
     @property
     def num_layers(self) -> int:

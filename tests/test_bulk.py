@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from service.bulk import InputError, embed_file, plan_batches, read_embeddings
+from service.bulk import InputError, Shard, embed_file, plan_batches, read_embeddings
 from tests.conftest import max_error
 
 
@@ -30,7 +30,8 @@ def test_round_trip_equals_reference(tiny_model_dir, sentences, expected, tmp_pa
     assert run.returncode == 0, run.stderr
     assert "embedded 30 sentences" in run.stderr and "elmo-embed" in run.stderr  # progress on stderr
     got, index = read_embeddings(tmp_path / "out.hdf5")
-    assert max_error(got, expected) <= 1e-5
+    assert list(got) == list(range(30))
+    assert max_error(list(got.values()), expected) <= 1e-5
     assert index[" ".join(sentences[7])] == "7"
     with h5py.File(tmp_path / "out.hdf5", "r") as f:
         assert f["0"].dtype == np.float32 and len(f) == 31
@@ -43,7 +44,61 @@ def test_many_chunks_and_batches_keep_line_order(engine, sentences, expected, tm
     stats = embed_file(engine, source, tmp_path / "out.hdf5", batch_tokens=100, progress=False)
     assert stats["sentences"] == 90 and stats["tokens"] == 3 * sum(map(len, sentences))
     got, _ = read_embeddings(tmp_path / "out.hdf5")
-    assert max_error(got, expected * 3) <= 1e-5
+    assert list(got) == list(range(90))
+    assert max_error(list(got.values()), expected * 3) <= 1e-5
+
+
+@pytest.mark.parametrize("count", [1, 3, 7, 40])
+def test_shards_cover_every_line_once_with_the_unsharded_vectors(engine, sentences, tmp_path, monkeypatch, count):
+    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # several chunks per shard
+    source = tmp_path / "in.txt"
+    lines = sentences + sentences[:5]  # 35 lines, a repeated sentence maps to its last line
+    source.write_text("\n".join(" ".join(s) for s in lines) + "\n")
+    embed_file(engine, source, tmp_path / "all.hdf5", batch_tokens=100, progress=False)
+    whole, whole_index = read_embeddings(tmp_path / "all.hdf5")
+
+    merged, merged_index = {}, {}
+    for i in range(count):
+        out = tmp_path / f"part{i}.hdf5"
+        stats = embed_file(engine, source, out, batch_tokens=100, progress=False, shard=Shard(i, count))
+        part, part_index = read_embeddings(out)
+        assert list(part) == [k for k in range(len(lines)) if k % count == i]  # keys are the original line indexes
+        assert stats["sentences"] == len(part)
+        assert not merged.keys() & part.keys()
+        merged |= part
+        for text, line in part_index.items():  # a repeated sentence: the unsharded file keeps its last line
+            merged_index[text] = max(merged_index.get(text, line), line, key=int)
+    assert sorted(merged) == list(range(len(lines)))
+    assert merged_index == whole_index
+    for line, layers in whole.items():
+        np.testing.assert_array_equal(merged[line], layers)  # batched with other sentences: the same bits
+
+
+def test_shard_on_the_command_line(tiny_model_dir, sentences, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(" ".join(s) for s in sentences) + "\n")
+    run = embed_cli(tiny_model_dir, source, tmp_path / "out.hdf5", "--shard", "2/4", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    assert "embedded 7 sentences of shard 2/4" in run.stderr
+    got, index = read_embeddings(tmp_path / "out.hdf5")
+    assert list(got) == [2, 6, 10, 14, 18, 22, 26]
+    assert index[" ".join(sentences[6])] == "6"
+
+
+def test_a_bad_line_stops_only_its_shard(engine, tmp_path):
+    (tmp_path / "in.txt").write_text("one\ntwo\n\nfour\n")  # line 3 (index 2) is empty
+    embed_file(engine, tmp_path / "in.txt", tmp_path / "odd.hdf5", progress=False, shard=Shard(1, 2))
+    with pytest.raises(InputError, match=r"in.txt:3: empty sentence"):
+        embed_file(engine, tmp_path / "in.txt", tmp_path / "even.hdf5", progress=False, shard=Shard(0, 2))
+
+
+@pytest.mark.parametrize("value", ["2/2", "4/2", "0/0", "-1/2", "a/b", "1", "1/2/3", "", "1/"])
+def test_bad_shard_is_named(tiny_model_dir, tmp_path, value):
+    (tmp_path / "in.txt").write_text("a line\n")
+    run = embed_cli(tiny_model_dir, tmp_path / "in.txt", tmp_path / "out.hdf5", f"--shard={value}")
+    assert run.returncode == 2
+    assert "argument --shard" in run.stderr and "0 <= i < n" in run.stderr and "Traceback" not in run.stderr
+    assert not list(tmp_path.glob("out.hdf5*"))
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,14 @@ def test_cuda_provider_asked_for_without_a_gpu(monkeypatch):
         choose_providers("cuda")
 
 
+@pytest.mark.filterwarnings("ignore:Specified provider")
+def test_cuda_asked_for_but_not_started_is_refused(tiny_model_dir, monkeypatch):
+    # onnxruntime-gpu that lists CUDA but cannot start it (no GPU visible) falls back to the CPU: refuse that.
+    monkeypatch.setattr("service.engine.choose_providers", lambda _: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(RuntimeError, match="fell back to CPUExecutionProvider"):
+        Engine(tiny_model_dir, provider="cuda")
+
+
 def test_missing_model_folder_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="elmo-export"):
         Engine(tmp_path)

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The one way this project is installed: `make install` (and so `make test`, `make serve` and CI) and both
+# Docker images run this script, so CI exercises the images' install steps although it builds no image.
+#
+#   scripts/install.sh [--venv DIR] [--runtime cpu|gpu] [--export] [--dev] [--editable] [--dry-run] [SOURCE]
+#
+#   --venv DIR      create DIR with $PYTHON (default python3) if it is missing, and install into it
+#                   (default: the python3 on PATH, or $PYTHON)
+#   --runtime R     cpu: onnxruntime, gpu: onnxruntime-gpu (default cpu). Never both: they install the same
+#                   module over each other, so the other one is uninstalled first.
+#   --export        the build-time tools (elmo-export): torch 2.13.0 first, CPU build, so that nothing pulls
+#                   another torch and gigabytes of CUDA packages; then onnx
+#   --dev           pytest, ruff and the other test tools
+#   --editable      an editable install (a working copy); without it SOURCE is copied into the environment
+#   --dry-run       print the commands, run nothing
+#   SOURCE          the project folder (default: the folder above this script)
+#
+# Environment: PYTHON (the interpreter for a new venv), TORCH_INDEX_URL (where to get torch, e.g.
+# https://download.pytorch.org/whl/cpu, whose torch wheels are CPU-only; default: pip's own configuration),
+# ONNXRUNTIME (a pip requirement that pins the runtime, e.g. onnxruntime-gpu==1.26.0 for CUDA 12).
+set -euo pipefail
+
+TORCH="torch==2.13.0"
+venv="" runtime="cpu" export_tools=0 dev=0 editable=0 dry_run=0
+source_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+die() {
+    echo "install.sh: $*" >&2
+    exit 2
+}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --venv) venv="${2:?--venv needs a folder}"; shift 2 ;;
+        --runtime) runtime="${2:?--runtime needs cpu or gpu}"; shift 2 ;;
+        --export) export_tools=1; shift ;;
+        --dev) dev=1; shift ;;
+        --editable) editable=1; shift ;;
+        --dry-run) dry_run=1; shift ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -*) die "unknown option $1 (see --help)" ;;
+        *) source_dir="$1"; shift ;;
+    esac
+done
+
+case "$runtime" in
+    cpu) other="onnxruntime-gpu" ;;
+    gpu) other="onnxruntime" ;;
+    *) die "--runtime must be cpu or gpu, not '$runtime'" ;;
+esac
+[ -f "$source_dir/pyproject.toml" ] || die "$source_dir has no pyproject.toml: give the project folder"
+
+run() {
+    echo "+ $*"
+    [ "$dry_run" = 1 ] || "$@"
+}
+
+python="${PYTHON:-python3}"
+if [ -n "$venv" ]; then
+    if [ ! -x "$venv/bin/python" ]; then
+        if [ "$dry_run" = 0 ]; then
+            command -v "$python" >/dev/null || die "$python not found: install Python 3.10 or newer, or set PYTHON"
+            "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+                die "$python is too old: Python 3.10 or newer is needed (set PYTHON to one)"
+        fi
+        run "$python" -m venv "$venv" ||
+            die "could not create $venv: on Debian and Ubuntu, install python3-venv (apt-get install python3-venv)"
+    fi
+    python="$venv/bin/python"
+fi
+pip=("$python" -m pip install --disable-pip-version-check)
+
+run "${pip[@]}" --upgrade pip
+# The other runtime would overwrite (or be overwritten by) the one installed below.
+if [ "$dry_run" = 1 ]; then
+    echo "+ $python -m pip uninstall --yes $other  # if it is installed"
+elif "$python" -m pip show --quiet "$other" 2>/dev/null; then
+    run "$python" -m pip uninstall --yes "$other"
+fi
+
+extras="$runtime"
+if [ "$export_tools" = 1 ]; then
+    # torch alone and first: the project's `torch>=2.1` is then already met by the CPU build.
+    run "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH"
+    extras="$extras,export"
+fi
+[ "$dev" = 1 ] && extras="$extras,dev"
+
+project="$source_dir[$extras]"
+[ "$editable" = 1 ] && project=(-e "$project")
+run "${pip[@]}" "${project[@]}" ${ONNXRUNTIME:+"$ONNXRUNTIME"}

@@ -1,0 +1,25 @@
+"""elmo-serve's checks before it loads a model (elmo-embed's are in test_bulk.py)."""
+
+import socket
+
+from service.cli import cannot_listen, serve_main
+
+
+def test_a_port_in_use_is_named_before_the_model_loads(tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.delenv("ELMO_HOST", raising=False)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cannot_listen("127.0.0.1", port) is not None
+        assert serve_main(["--model", str(tiny_model_dir), "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "ELMO_PORT" in err
+    assert cannot_listen("127.0.0.1", port) is None  # free again
+    assert cannot_listen("127.0.0.1", 0) is None  # any free port
+
+
+def test_an_address_not_on_this_machine_is_named(tiny_model_dir, capsys):
+    # 192.0.2.1 is a documentation address (TEST-NET-1): never this machine's, and no DNS is asked
+    assert serve_main(["--model", str(tiny_model_dir), "--host", "192.0.2.1", "--port", "8000"]) == 1
+    assert "cannot listen on 192.0.2.1:8000 (Cannot assign requested address)" in capsys.readouterr().err

@@ -1,0 +1,331 @@
+"""Static checks of what ships the service (no Docker engine or cluster needed): the Dockerfile, docker-compose.yml,
+the Kubernetes manifests and the one install script that the Makefile, the images and so CI share."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+COMPOSE = ROOT / "docker-compose.yml"
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+SETTINGS = [f"ELMO_{name.upper()}" for name in Settings.model_fields]
+
+
+# ---- Dockerfile
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)  # (INSTRUCTION, arguments)
+    args: dict[str, str] = field(default_factory=dict)
+
+    def all(self, keyword: str) -> list[str]:
+        return [rest for kw, rest in self.instructions if kw == keyword]
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values.get(m[1] or m[2], m[0]), text)
+
+
+def parse_dockerfile(path: Path) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARG defaults and the stages, continuation lines joined, comments dropped."""
+    lines, current = [], ""
+    for raw in path.read_text().splitlines():
+        stripped = raw.strip()
+        if stripped.startswith("#") or not stripped:
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        lines.append(current + stripped)
+        current = ""
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in lines:
+        keyword, _, rest = line.partition(" ")
+        keyword, rest = keyword.upper(), rest.strip()
+        if keyword == "FROM":
+            words = rest.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            stages.append(Stage(substitute(words[0], global_args), name))
+            continue
+        if keyword == "ARG":
+            key, _, default = rest.partition("=")
+            target = stages[-1].args if stages else global_args
+            target[key] = global_args.get(key, "") if not default else default.strip('"')
+            if not stages:
+                continue
+        stages[-1].instructions.append((keyword, rest))
+    return global_args, stages
+
+
+def copy_sources(rest: str) -> tuple[dict[str, str], list[str]]:
+    """The flags and the sources of a COPY / ADD (shell or JSON form)."""
+    words = shlex.split(rest)
+    flags = dict(w[2:].partition("=")[::2] for w in words if w.startswith("--"))
+    words = [w for w in words if not w.startswith("--")]
+    if words and words[0].startswith("["):
+        words = json.loads(rest[rest.index("[") :])
+    return flags, words[:-1]
+
+
+@pytest.fixture(scope="module")
+def dockerfile():
+    return parse_dockerfile(DOCKERFILE)
+
+
+def test_dockerfile_stages(dockerfile):
+    global_args, stages = dockerfile
+    names = [s.name for s in stages]
+    assert names == ["model", "export", "base-cpu", "base-gpu", "run"]
+    run = stages[-1]
+    assert run.base == "base-" + global_args["RUNTIME"] and global_args["RUNTIME"] == "cpu"
+    gpu = stages[names.index("base-gpu")].base
+    assert gpu.startswith("nvidia/cuda:") and "cudnn" in gpu and "runtime" in gpu  # CUDA and cuDNN libraries
+    assert run.args["ONNXRUNTIME_GPU"].startswith("onnxruntime-gpu")
+
+
+def test_dockerfile_copy_sources_exist(dockerfile):
+    _, stages = dockerfile
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    stage_names = {s.name for s in stages}
+    checked = 0
+    for stage in stages:
+        for rest in stage.all("COPY") + stage.all("ADD"):
+            flags, sources = copy_sources(rest)
+            if "from" in flags:  # another stage, not the build context
+                assert flags["from"] in stage_names, rest
+                continue
+            for source in sources:
+                source = substitute(source, stage.args)
+                assert (ROOT / source).exists(), f"COPY {source}: not in the build context"
+                assert Path(source).parts[0] not in ignored, f"COPY {source}: excluded by .dockerignore"
+                checked += 1
+    assert checked >= 10
+
+
+def test_run_stage_has_no_torch_a_user_and_a_health_check(dockerfile):
+    _, stages = dockerfile
+    export, run = stages[1], stages[-1]
+    installs = [r for r in run.all("RUN") if "scripts/install.sh" in r]
+    assert len(installs) == 1 and "--export" not in installs[0] and "torch" not in " ".join(run.all("RUN"))
+    assert any("install.sh" in r and "--export" in r for r in export.all("RUN"))
+    user = run.all("USER")[-1].split(":")[0]
+    assert user not in ("root", "0") and user == "10001"
+    (check,) = run.all("HEALTHCHECK")
+    assert "/health/ready" in check and "ELMO_PORT" in check
+    env = " ".join(run.all("ENV"))
+    assert "ELMO_HOST=0.0.0.0" in env and "ELMO_PORT=8000" in env and run.all("EXPOSE") == ["8000"]
+    assert "ELMO_MODEL_DIR=/opt/elmo/models/${MODEL_NAME}" in env and run.args["MODEL_NAME"] == "default"
+    assert json.loads(run.all("CMD")[-1]) == ["elmo-serve"]
+
+
+def test_every_install_goes_through_the_install_script(dockerfile):
+    _, stages = dockerfile
+    runs = [r for s in stages for r in s.all("RUN")]
+    assert not [r for r in runs if "pip install" in r]  # the script does it
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\t.*scripts/install\.sh .*--export --dev --editable", makefile, re.M)
+    assert "pip install" not in makefile
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def dry_run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install.sh"), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ONNXRUNTIME": "", "TORCH_INDEX_URL": "", **env},
+        check=False,
+    )
+
+
+def test_install_script_puts_torch_first_and_one_runtime():
+    run = dry_run("--venv", "/opt/venv", "--runtime", "cpu", "--export", "--dev", "--editable")
+    assert run.returncode == 0, run.stderr
+    commands = [line for line in run.stdout.splitlines() if line.startswith("+ ")]
+    assert commands[0].endswith("-m venv /opt/venv")
+    torch = next(i for i, c in enumerate(commands) if "torch==2.13.0" in c)
+    project = next(i for i, c in enumerate(commands) if "[cpu,export,dev]" in c)
+    assert torch < project and " -e " in commands[project]
+    assert any("uninstall --yes onnxruntime-gpu" in c for c in commands)
+
+    run = dry_run("--venv", "/opt/venv", "--runtime", "gpu", str(ROOT), ONNXRUNTIME="onnxruntime-gpu==1.26.0")
+    assert run.returncode == 0, run.stderr
+    assert "torch" not in run.stdout and "uninstall --yes onnxruntime " in run.stdout
+    assert run.stdout.rstrip().endswith("[gpu] onnxruntime-gpu==1.26.0")
+
+    run = dry_run("--export", TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu")
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in run.stdout
+
+    run = dry_run("--runtime", "both")
+    assert run.returncode == 2 and "--runtime must be cpu or gpu" in run.stderr
+
+
+def export_script(tmp_path: Path, source: Path, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(ROOT / "docker" / "export-model.sh"), str(source), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHON": sys.executable, **env},
+        check=False,
+    )
+
+
+def test_image_export_step_writes_a_model(tiny_dir, tmp_path):
+    run = export_script(tmp_path, tiny_dir)  # options.json + lm_weights.hdf5 among other files
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["num_layers"] == 3
+
+
+def test_image_export_step_downloads_and_names_what_is_missing(tiny_dir, tmp_path):
+    # A stand-in for elmo-export (first on the module path from cwd) shows what the script passes on.
+    (tmp_path / "model_export").mkdir()
+    (tmp_path / "model_export" / "__init__.py").write_text("")
+    (tmp_path / "model_export" / "cli.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    urls = {"OPTIONS_URL": (tiny_dir / "options.json").as_uri(), "WEIGHTS_URL": (tiny_dir / "lm_weights.hdf5").as_uri()}
+    run = export_script(
+        tmp_path, tmp_path / "unused", cwd=tmp_path, TMPDIR=str(tmp_path), EXPORT_ARGS="--flag value", **urls
+    )
+    assert run.returncode == 0, run.stderr
+    passed = ast.literal_eval(run.stdout.splitlines()[-1])
+    assert passed[1].endswith("/options.json") and passed[3].endswith("/weights.hdf5")
+    assert Path(passed[3]).read_bytes() == (tiny_dir / "lm_weights.hdf5").read_bytes()
+    assert passed[4:] == ["--out", str(tmp_path / "out"), "--flag", "value"]
+
+    run = export_script(tmp_path, tmp_path, cwd=tmp_path, OPTIONS_URL=urls["OPTIONS_URL"])
+    assert run.returncode == 2 and "both OPTIONS_URL and WEIGHTS_URL" in run.stderr
+    run = export_script(tmp_path, tmp_path, cwd=tmp_path)
+    assert run.returncode == 2 and "expected one *options*.json and one *weights*.hdf5" in run.stderr
+
+
+# ---- docker-compose.yml
+
+
+def default(value) -> str:
+    """A compose value with ${VAR:-default} interpolated as if VAR were unset."""
+    return re.sub(r"\$\{\w+:?-([^}]*)\}", r"\1", str(value))
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_cpu_service_is_what_docker_compose_up_starts(compose):
+    cpu = compose["services"]["elmo"]
+    assert "profiles" not in cpu  # started by a plain `docker compose up`
+    assert (ROOT / cpu["build"]["context"] / cpu["build"]["dockerfile"]).resolve() == DOCKERFILE
+    assert cpu["build"]["args"]["RUNTIME"] == "cpu"
+    assert [default(p) for p in cpu["ports"]] == ["8000:8000"]
+    assert default(cpu["environment"]["ELMO_MODEL_DIR"]) == "/opt/elmo/models/default"  # the image's model
+    assert default(cpu["environment"]["ELMO_HOST"]) == "0.0.0.0"
+
+
+def test_compose_gpu_service_reserves_an_nvidia_device(compose):
+    gpu = compose["services"]["elmo-gpu"]
+    assert gpu["profiles"] == ["gpu"] and gpu["build"]["args"]["RUNTIME"] == "gpu"
+    assert (ROOT / gpu["build"]["context"] / gpu["build"]["dockerfile"]).resolve() == DOCKERFILE
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"] and device["count"] >= 1
+    assert default(gpu["environment"]["ELMO_PROVIDER"]) == "cuda"
+    assert default(gpu["ports"][0]).endswith(":8000")
+
+
+@pytest.mark.parametrize("service", ["elmo", "elmo-gpu"])
+def test_compose_health_models_volume_and_every_setting(compose, service):
+    spec = compose["services"][service]
+    assert any("/health/ready" in part for part in spec["healthcheck"]["test"])
+    host, container, *_ = default(spec["volumes"][0]).split(":")
+    assert container == "/models" and (ROOT / host).is_dir()  # an existing folder: compose creates none as root
+    assert sorted(spec["environment"]) == sorted(SETTINGS)
+
+
+# ---- Kubernetes
+
+
+def manifests(folder: Path) -> dict[str, dict]:
+    docs = [d for path in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(path.read_text()) if d]
+    return {d["kind"]: d for d in docs}
+
+
+@pytest.fixture(scope="module")
+def kube() -> dict[str, dict]:
+    return manifests(KUBERNETES / "gpu")
+
+
+def test_kubernetes_manifests_parse_and_kustomize_lists_them(kube):
+    assert set(kube) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Kustomization"}
+    for kind, doc in kube.items():
+        assert doc["apiVersion"] and (kind == "Kustomization" or doc["metadata"]["name"] == "elmo")
+    for resource in kube["Kustomization"]["resources"]:
+        assert (KUBERNETES / "gpu" / resource).is_file()
+    cpu = manifests(KUBERNETES / "cpu")["Kustomization"]
+    assert [(KUBERNETES / "cpu" / r).resolve() for r in cpu["resources"]] == [(KUBERNETES / "gpu").resolve()]
+
+
+def container_port(container: dict, port) -> int:
+    """A probe's or Service's port, by number or by the container port's name."""
+    by_name = {p.get("name"): p["containerPort"] for p in container["ports"]}
+    return by_name[port] if isinstance(port, str) else port
+
+
+def test_kubernetes_deployment_probes_the_real_health_routes(kube):
+    from service.app import create_app
+
+    routes = {route.path for route in create_app(Settings()).routes}
+    pod = kube["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    port = container["ports"][0]["containerPort"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert port == 8000 == int(env["ELMO_PORT"]) and env["ELMO_HOST"] == "0.0.0.0"
+    probes = {name: container[name]["httpGet"] for name in ("livenessProbe", "readinessProbe", "startupProbe")}
+    assert probes["livenessProbe"]["path"] == "/health/live" and probes["readinessProbe"]["path"] == "/health/ready"
+    for probe in probes.values():
+        assert probe["path"] in routes and container_port(container, probe["port"]) == port
+    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    assert env["ELMO_PROVIDER"] == "cuda"
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001  # the image's
+    labels = kube["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert kube["Deployment"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_kubernetes_service_and_autoscaler_point_at_the_deployment(kube):
+    deployment = kube["Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = kube["Service"]["spec"]
+    assert service["selector"].items() <= labels.items()
+    (port,) = service["ports"]
+    assert container_port(container, port["targetPort"]) == container["ports"][0]["containerPort"]
+    hpa = kube["HorizontalPodAutoscaler"]["spec"]
+    target = hpa["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
+    assert kube["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+# ---- README
+
+
+def test_readme_documents_every_setting():
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in SETTINGS if f"`{name}`" not in readme]
+    assert not missing, f"README.md's configuration table lacks {missing}"
