@@ -8,13 +8,6 @@ import base64
 import itertools
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,19 +15,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import max_error
+from tests.server import Server, running_server
 
-REPO = Path(__file__).resolve().parents[1]
 MAX_SENTENCES, MAX_TOKENS, MAX_BODY = 64, 400, 200_000
 SETTINGS = {
     "ELMO_MAX_SENTENCES": str(MAX_SENTENCES),
     "ELMO_MAX_TOKENS_PER_SENTENCE": str(MAX_TOKENS),
     "ELMO_MAX_BODY_BYTES": str(MAX_BODY),
-    "ELMO_PROVIDER": "cpu",
-    "ELMO_INTRA_OP_THREADS": "1",
-    "ELMO_INTER_OP_THREADS": "1",
 }
-SERVE = "import sys; from service.cli import serve_main; sys.exit(serve_main())"
-STARTUP_S = 60
 NUM_LAYERS, DIM = 3, 32
 HELLO = ["Hello", ",", "world", "!"]
 # A sentence's vectors in another batch (alone, or with other sentences of other lengths): the bar is 1e-6. On CPU
@@ -43,51 +31,10 @@ HELLO = ["Hello", ",", "world", "!"]
 BATCH_TOLERANCE = 1e-6
 
 
-@dataclass(frozen=True)
-class Server:
-    url: str
-    port: int
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"elmo-serve exited with {proc.returncode} before it was ready:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"elmo-serve not ready within {STARTUP_S} s:\n{log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory) -> Server:
-    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "server.log"
-    # Only our ELMO_* settings: one left in the environment (a batch size, a limit) would change what is tested.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_") or k == "ELMO_SHARED"} | SETTINGS
-    cmd = [sys.executable, "-c", SERVE, "--model", str(tiny_model_dir), "--port", str(port)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    try:
-        _wait_ready(proc, f"http://127.0.0.1:{port}", log)
-        yield Server(f"http://127.0.0.1:{port}", port, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("serve"), SETTINGS) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
