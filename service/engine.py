@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.chars import BOS_TOKEN, EOS_TOKEN, token_char_ids
+from service.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids
 
 MANIFEST = "manifest.json"
 
@@ -29,67 +29,70 @@ MANIFEST = "manifest.json"
 class TokenCache:
     """Token vectors (the char-CNN's output) of recently seen tokens, at most `size`, least recent out first.
 
-    A token's vector depends on its characters alone, and the graph computes it with the same bits in any
-    batch, so a cached vector equals a recomputed one exactly: the cache saves the char-CNN's share of the
-    work (about a quarter of the model) for frequent words and changes no output."""
+    A token's vector depends on its char ids alone (see `char_key`, the cache's key: at most 48 bytes however
+    long the token), and the graph computes it with the same bits in any batch, so a cached vector equals a
+    recomputed one exactly: the cache saves the char-CNN's share of the work (about a quarter of the model)
+    for frequent words and changes no output."""
 
     def __init__(self, size: int):
         self.size = size
-        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._vectors: OrderedDict[str | bytes, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._vectors)
 
-    def get(self, token: str) -> np.ndarray | None:
+    def get(self, key: str | bytes) -> np.ndarray | None:
         with self._lock:
-            vector = self._vectors.get(token)
+            vector = self._vectors.get(key)
             if vector is not None:
-                self._vectors.move_to_end(token)
+                self._vectors.move_to_end(key)
             return vector
 
-    def put(self, token: str, vector: np.ndarray) -> None:
+    def put(self, key: str | bytes, vector: np.ndarray) -> None:
         if self.size <= 0:
             return
         with self._lock:
-            self._vectors[token] = vector
-            self._vectors.move_to_end(token)
+            self._vectors[key] = vector
+            self._vectors.move_to_end(key)
             while len(self._vectors) > self.size:
                 self._vectors.popitem(last=False)
 
 
 def encode_batch(
     sentences: Sequence[Sequence[str]], max_chars: int, dim: int, cache: TokenCache | None = None
-) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """The graph's inputs for a batch, and the tokens it will encode (token -> row of `token_vectors`).
+) -> tuple[dict[str, np.ndarray], dict[str | bytes, int]]:
+    """The graph's inputs for a batch, and what it will encode (`char_key` -> row of `token_vectors`).
 
-    Each distinct token appears once: encoded from its chars (`token_chars`), or taken from the cache
-    (`cached_vectors`). The boundary tokens are always encoded, so at least one row is."""
-    encode: dict[str, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
-    cached: dict[str, int] = {}
+    Each distinct key appears once (tokens that differ only past the kept bytes share one): encoded from
+    its chars (`token_chars`), or taken from the cache (`cached_vectors`). The boundary tokens are always
+    encoded, so at least one row is."""
+    encode: dict[str | bytes, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
+    cached: dict[str | bytes, int] = {}
     cached_vectors: list[np.ndarray] = []
-    for sentence in sentences:
-        for token in sentence:
-            if token in encode or token in cached:
+    keys = [[char_key(token, max_chars) for token in sentence] for sentence in sentences]
+    for sentence in keys:
+        for key in sentence:
+            if key in encode or key in cached:
                 continue
-            vector = cache.get(token) if cache is not None else None
+            vector = cache.get(key) if cache is not None else None
             if vector is None:
-                encode[token] = len(encode)
+                encode[key] = len(encode)
             else:
-                cached[token] = len(cached_vectors)
+                cached[key] = len(cached_vectors)
                 cached_vectors.append(vector)
     offset = len(encode)  # token_index counts the encoded rows first, then the cached ones
 
-    steps = max(len(s) for s in sentences) + 2
-    token_index = np.zeros((len(sentences), steps), dtype=np.int64)  # padding points at <S>: never read
-    lengths = np.empty(len(sentences), dtype=np.int64)
-    for row, sentence in enumerate(sentences):
-        positions = [encode[t] if t in encode else offset + cached[t] for t in sentence]
+    steps = max(len(s) for s in keys) + 2
+    token_index = np.zeros((len(keys), steps), dtype=np.int64)  # padding points at <S>: never read
+    lengths = np.empty(len(keys), dtype=np.int64)
+    for row, sentence in enumerate(keys):
+        positions = [encode[k] if k in encode else offset + cached[k] for k in sentence]
         token_index[row, 1 : len(sentence) + 1] = positions
         token_index[row, len(sentence) + 1] = 1
         lengths[row] = len(sentence) + 2
     feeds = {
-        "token_chars": np.stack([token_char_ids(token, max_chars) for token in encode]),
+        "token_chars": np.stack([key_char_ids(key, max_chars) for key in encode]),
         "cached_vectors": np.stack(cached_vectors) if cached_vectors else np.zeros((0, dim), np.float32),
         "token_index": token_index,
         "lengths": lengths,
@@ -183,7 +186,7 @@ class Engine:
             return []
         feeds, encoded = encode_batch(sentences, self.info.max_chars, self.info.token_dim, self.token_cache)
         layers, token_vectors = self.session.run(["layers", "token_vectors"], feeds)  # (num_layers, B, T, dim)
-        for token, row in encoded.items():
-            if token not in (BOS_TOKEN, EOS_TOKEN):  # always encoded, never looked up
-                self.token_cache.put(token, token_vectors[row].copy())
+        for key, row in encoded.items():
+            if key not in (BOS_TOKEN, EOS_TOKEN):  # always encoded, never looked up
+                self.token_cache.put(key, token_vectors[row].copy())
         return [np.ascontiguousarray(layers[:, row, 1 : len(s) + 1]) for row, s in enumerate(sentences)]
