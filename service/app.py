@@ -17,7 +17,7 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.batcher import Batcher, QueueFull
+from service.batcher import Batcher, QueueFull, TooLarge
 from service.engine import Engine
 from service.metrics import Metrics
 from service.middleware import BodyLimit, RequestMetrics
@@ -30,7 +30,7 @@ from service.schemas import (
     OpenAIEmbeddingResponse,
 )
 from service.settings import Settings
-from service.tokenize import tokenize
+from service.tokenize import min_tokens, tokenize
 
 log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
@@ -126,7 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail = f"{exc.field}: {exc}" if exc.field else str(exc)
         return _json({"detail": detail}, status=exc.status, headers=exc.headers)
 
-    async def embed_tokens(request: Request, sentences: list[list[str]]) -> list[np.ndarray]:
+    async def embed_tokens(request: Request, sentences: list[list[str]], field: str) -> list[np.ndarray]:
         """Queue the sentences, and drop them if the client goes away before they ran."""
         if not app.state.ready:
             raise ApiError(503, "not ready (starting or shutting down)", headers=_retry(settings))
@@ -140,6 +140,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 raise ApiError(499, "client closed the request")
         try:
             return task.result()
+        except TooLarge as err:
+            raise ApiError(413, str(err), field) from None
         except QueueFull as err:
             metrics.rejected.inc()
             raise ApiError(503, f"overloaded: {err}; retry later", headers=_retry(settings)) from None
@@ -147,10 +149,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.exception("engine batch failed")
             raise ApiError(503, f"inference failed ({type(err).__name__}); retry", headers=_retry(settings)) from None
 
-    def tokenized(items: list, field: str) -> list[list[str]]:
+    async def tokenized(items: list, field: str) -> list[list[str]]:
+        """The request's sentences as tokens, within the limits. Refused (413) on cheap counts first, so an
+        oversized request costs no tokenization; strings are tokenized off the event loop (Moses takes
+        seconds on a long text, and the loop must keep answering everyone else)."""
         if len(items) > settings.max_sentences:
             raise ApiError(413, f"{len(items)} sentences; the limit is {settings.max_sentences} per request", field)
-        sentences = [tokenize(x) if isinstance(x, str) else x for x in items]
+        at_least = [min_tokens(x) if isinstance(x, str) else len(x) for x in items]
+        for i, n in enumerate(at_least):
+            if n > settings.max_tokens_per_sentence:
+                raise ApiError(413, f"{n} tokens; the limit is {settings.max_tokens_per_sentence}", f"{field}[{i}]")
+        if (total := sum(at_least) + 2 * len(items)) > settings.queue_tokens:
+            raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
+        sentences = items
+        if any(isinstance(x, str) for x in items):
+            sentences = await asyncio.to_thread(lambda: [tokenize(x) if isinstance(x, str) else x for x in items])
         for i, tokens in enumerate(sentences):
             if not tokens:
                 raise ApiError(422, "empty sentence", f"{field}[{i}]")
@@ -166,8 +179,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def embed(body: EmbedRequest, request: Request):
         num_layers = app.state.engine.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
-        sentences = tokenized(body.sentences, "sentences")
-        results = await embed_tokens(request, sentences)
+        sentences = await tokenized(body.sentences, "sentences")
+        results = await embed_tokens(request, sentences, "sentences")
         data = []
         for i, (tokens, layers) in enumerate(zip(sentences, results, strict=True)):
             out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix=body.mixes is None)
@@ -193,8 +206,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "empty list", "input")
-        sentences = tokenized(texts, "input")
-        results = await embed_tokens(request, sentences)
+        sentences = await tokenized(texts, "input")
+        results = await embed_tokens(request, sentences, "input")
         default_mix = [([0.0] * app.state.engine.num_layers, 1.0, "softmax", False)]
         data = []
         for i, layers in enumerate(results):

@@ -1,7 +1,8 @@
 """Dynamic batching: many concurrent requests become few large engine batches. Owns the policy, nothing else.
 
 * Each request's sentences enter the queue as one entry; the queue is bounded in tokens, and a request
-  that does not fit is refused at once (`QueueFull` -> 503 with Retry-After), never left to pile up.
+  that does not fit is refused at once (`QueueFull` -> 503 with Retry-After), never left to pile up; one
+  larger than the whole queue could never fit (`TooLarge` -> 413).
 * The batching loop runs whenever the engine is free: it waits at most `max_wait` for more work while the
   queue holds less than a batch (after a round that answered several clients, up to `gather` for them to
   send again), then takes every waiting sentence, sorts them by length (little padding)
@@ -27,6 +28,15 @@ EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
 
 class QueueFull(Exception):
     """The queue cannot take this request now; the client should retry later."""
+
+
+class TooLarge(Exception):
+    """The request is larger than the whole queue: it can never be taken, so retrying is no use."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(
+            f"{tokens} tokens with 2 boundary tokens per sentence; the limit is {limit} per request (the queue size)"
+        )
 
 
 @dataclass(eq=False)
@@ -94,11 +104,14 @@ class Batcher:
         self._executor.shutdown(wait=True)
 
     async def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full.
+        """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full now,
+        TooLarge when the request alone is over the queue's size.
         Cancelling the awaiting task (the client went away) takes the request out of the queue."""
         if not sentences:  # no rows would ever resolve its future
             return []
         entry = _Entry(sentences, asyncio.get_running_loop().create_future())
+        if entry.tokens > self.queue_tokens:
+            raise TooLarge(entry.tokens, self.queue_tokens)
         if self._queued_tokens + entry.tokens > self.queue_tokens:
             raise QueueFull(f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens")
         self._queue.append(entry)

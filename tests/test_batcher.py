@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatchStats, QueueFull
+from service.batcher import Batcher, BatchStats, QueueFull, TooLarge
 
 T = TypeVar("T")
 TIMEOUT_S = 20.0  # a test that would hang fails after this instead
@@ -294,8 +294,8 @@ def test_queue_full_is_raised_at_once_and_clears_after_draining(engine):
         await wait_until(lambda: batcher.queued_tokens == 20)  # exactly full is still accepted
         with pytest.raises(QueueFull):
             await batcher.embed([["x"]])
-        with pytest.raises(QueueFull):
-            await batcher.embed([["x"] * 19])  # would never fit, even in an empty queue
+        with pytest.raises(TooLarge, match="21 tokens .* the limit is 20"):
+            await batcher.embed([["x"] * 19])  # would never fit, even in an empty queue: no use retrying
         # Refused at once: the engine is still held, nothing was added, nothing else ran.
         assert recorder.held and len(recorder.calls) == 1
         assert batcher.queued_tokens == 20
@@ -303,7 +303,7 @@ def test_queue_full_is_raised_at_once_and_clears_after_draining(engine):
         results = await asyncio.gather(blocker, first, second)
         assert batcher.queued_tokens == 0
         again = await batcher.embed([["x"], eight])  # 13 tokens: accepted now
-        with pytest.raises(QueueFull):
+        with pytest.raises(TooLarge):
             await batcher.embed([["x"] * 19])
         await batcher.stop()
         return recorder, results, again
