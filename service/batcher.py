@@ -9,6 +9,8 @@
   and cuts them into batches whose padded size (rows x longest, boundary tokens included) stays within
   the token budget. A request larger than a batch is simply spread over several.
 * Entries whose client has gone are dropped before they cost compute.
+* A batch the engine fails on (out of memory, say) is run again in halves, down to single sentences, so
+  only a request whose own sentence fails alone gets the error.
 * The engine runs in a worker thread, so the event loop keeps serving while a batch computes, and every
   request gets exactly its own rows back.
 """
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+log = logging.getLogger("elmo.batcher")
 
 
 class QueueFull(Exception):
@@ -178,18 +182,22 @@ class Batcher:
         return answered
 
     async def _run_batch(self, batch: list[tuple[_Entry, int]], longest: int) -> int:
+        """Run one batch and hand out its rows; returns how many requests it completed. If the engine fails
+        on it (out of memory, say), its halves are run, and theirs, down to single sentences: only a sentence
+        that fails alone fails its request, everyone else is answered, and the server keeps serving."""
         sentences = [entry.sentences[i] for entry, i in batch]
         now = time.perf_counter()
         self.busy = True
         try:
             layers = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, sentences)
-        except Exception as err:  # a failed batch fails its requests, not the server
-            failed = {entry for entry, _ in batch if not entry.future.done()}
-            for entry in failed:
-                entry.future.set_exception(err)
-            return len(failed)
+        except Exception as err:
+            failure = err
+        else:
+            failure = None
         finally:
             self.busy = False
+        if failure is not None:
+            return await self._after_failure(batch, failure)
         answered = 0
         for (entry, i), array in zip(batch, layers, strict=True):
             if entry.future.done():
@@ -209,4 +217,22 @@ class Batcher:
                     queue_seconds=[now - entry.enqueued for entry, _ in batch],
                 )
             )
+        return answered
+
+    async def _after_failure(self, batch: list[tuple[_Entry, int]], err: Exception) -> int:
+        if len(batch) == 1:
+            entry = batch[0][0]
+            if entry.future.done():
+                return 0
+            log.warning("engine failed on a single sentence (%s): failing its request", type(err).__name__)
+            entry.future.set_exception(err)
+            return 1
+        log.warning(
+            "engine failed on a batch of %d sentences (%s): running it in halves", len(batch), type(err).__name__
+        )
+        answered = 0
+        for half in (batch[: len(batch) // 2], batch[len(batch) // 2 :]):
+            wanted = [(entry, i) for entry, i in half if not entry.future.done()]
+            if wanted:  # length-sorted: the first sentence is the longest
+                answered += await self._run_batch(wanted, len(wanted[0][0].sentences[wanted[0][1]]) + 2)
         return answered
