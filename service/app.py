@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.batcher import Batcher, QueueFull, TooLarge
 from service.engine import Engine
 from service.metrics import Metrics
-from service.middleware import BodyLimit, RequestMetrics
+from service.middleware import BodyLimit, DrainCutoff, RequestMetrics
 from service.mix import compose
 from service.schemas import (
     EmbedRequest,
@@ -88,7 +88,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("serving %s (%s) on %s", settings.model_dir, engine.provider, f"{settings.host}:{settings.port}")
         yield
         app.state.ready = False
-        await batcher.stop()
+        await batcher.stop()  # after every request in flight was answered: nothing is queued any more
+        log.info("stopped")
 
     app = FastAPI(
         title="ELMo embeddings",
@@ -96,8 +97,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
         lifespan=lifespan,
     )
-    app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
+    app.state.settings, app.state.metrics = settings, metrics
+    app.state.ready = False  # the engine is loaded and warm, and the batcher runs
+    app.state.draining = False  # a stop signal came: not ready for more, but finishing what is in flight
+    # Outermost last: metrics see every answer, including those of the middleware inside them.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
     app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
@@ -127,9 +132,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _json({"detail": detail}, status=exc.status, headers=exc.headers)
 
     async def embed_tokens(request: Request, sentences: list[list[str]], field: str) -> list[np.ndarray]:
-        """Queue the sentences, and drop them if the client goes away before they ran."""
+        """Queue the sentences, and drop them if the client goes away before they ran. While draining, a
+        request that got in is still served: the server stopped accepting connections already."""
         if not app.state.ready:
-            raise ApiError(503, "not ready (starting or shutting down)", headers=_retry(settings))
+            raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
         task = asyncio.ensure_future(app.state.batcher.embed(sentences))
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
@@ -230,9 +236,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/health/ready", summary="200 once the model is loaded and warm; 503 while starting or draining")
     async def ready():
-        if app.state.ready:
+        if app.state.ready and not app.state.draining:
             return {"status": "ready"}
-        return _json({"status": "not ready"}, status=503, headers=_retry(settings))
+        status = "draining" if app.state.draining else "not ready"
+        return _json({"status": status}, status=503, headers=_retry(settings))
 
     @app.get("/info", summary="the model, its shape, the provider and the settings in force")
     async def info():
@@ -261,6 +268,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def start_draining(app: FastAPI) -> None:
+    """A stop signal came: /health/ready answers 503 from now on (balancers stop sending); requests in
+    flight are still answered. Safe to call from a signal handler: it only sets a flag."""
+    app.state.draining = True
 
 
 def _has_surrogate(tokens: list[str]) -> bool:

@@ -1,7 +1,10 @@
-"""ASGI middleware of the service: the body-size cap (before any parsing) and per-route request metrics."""
+"""ASGI middleware of the service: the body-size cap (before any parsing), per-route request metrics, and the
+answer to requests cut off by the drain bound."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from time import perf_counter
 
 import orjson
@@ -43,15 +46,50 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send):
-        body = orjson.dumps({"detail": f"body: larger than the limit of {self.limit} bytes"})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 413, {"detail": f"body: larger than the limit of {self.limit} bytes"})
+
+
+class DrainCutoff:
+    """A request still running when the drain bound has passed is cancelled by uvicorn, which would answer
+    it 500 and log a traceback: answer it 503 with Retry-After instead (another replica can take it)."""
+
+    def __init__(self, app, draining: Callable[[], bool], retry_after_s: int):
+        self.app, self.draining, self.retry_after = app, draining, str(retry_after_s).encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_started(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_started)
+        except asyncio.CancelledError:
+            if not self.draining() or started:
+                raise
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):  # Python 3.11+: the cancellation is handled
+                task.uncancel()
+            detail = {"detail": "shutting down: the request did not finish within the drain time; retry"}
+            await send_json(send, 503, detail, [(b"retry-after", self.retry_after)])
+
+
+async def send_json(send, status: int, payload: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """A whole JSON response, from ASGI middleware (below the routes' exception handlers)."""
+    body = orjson.dumps(payload)
+    length = str(len(body)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", length), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 class RequestMetrics:

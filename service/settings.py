@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     token_cache: int = Field(50_000, ge=0, description="token vectors kept for frequent words (0: none)")
 
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")
+    drain_s: float = Field(30.0, ge=0, description="on SIGTERM, how long requests in flight may take to finish")
     log_level: str = "info"
 
     def public(self) -> dict:
