@@ -69,9 +69,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 settings.inter_op_threads,
                 settings.token_cache,
             )
-        except Exception as err:
-            log.error("cannot load the model from %s: %s", settings.model_dir, err)
-            raise
+        except Exception as err:  # a corrupt model file, most likely: say so, and never serve half-ready
+            message = f"cannot load the model from {settings.model_dir}: {type(err).__name__}: {err}"
+            log.error(message)
+            raise RuntimeError(message) from None
         batcher = Batcher(
             engine.run,
             settings.batch_tokens,

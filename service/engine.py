@@ -134,20 +134,31 @@ class ModelInfo:
     dim: int  # size of every layer vector
     max_chars: int
     token_dim: int  # size of the char-CNN's token vector (half of dim)
+    model_file: Path
 
 
 def read_manifest(model_dir: str | Path) -> ModelInfo:
+    """The manifest of a folder written by elmo-export; FileNotFoundError or ValueError with a message that
+    says what is wrong (no manifest, not JSON, a field missing, no model file), before anything loads."""
     path = Path(model_dir) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {model_dir} a folder written by elmo-export?")
-    manifest = json.loads(path.read_text())
-    return ModelInfo(
-        manifest=manifest,
-        num_layers=int(manifest["num_layers"]),
-        dim=int(manifest["output_dim"]),
-        max_chars=int(manifest["architecture"]["char_cnn"]["max_characters_per_token"]),
-        token_dim=int(manifest["architecture"]["lstm"]["projection_dim"]),
-    )
+    try:
+        manifest = json.loads(path.read_text())
+        info = ModelInfo(
+            manifest=manifest,
+            num_layers=int(manifest["num_layers"]),
+            dim=int(manifest["output_dim"]),
+            max_chars=int(manifest["architecture"]["char_cnn"]["max_characters_per_token"]),
+            token_dim=int(manifest["architecture"]["lstm"]["projection_dim"]),
+            model_file=Path(model_dir) / manifest.get("model_file", "model.onnx"),
+        )
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        what = f"no {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"{path} is not a manifest written by elmo-export ({what})") from None
+    if not info.model_file.is_file():
+        raise FileNotFoundError(f"{info.model_file} not found: the manifest in {model_dir} names it")
+    return info
 
 
 class Engine:
@@ -168,8 +179,7 @@ class Engine:
         options.intra_op_num_threads = intra_op_threads  # 0: one per core
         options.inter_op_num_threads = inter_op_threads
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        model_file = Path(model_dir) / self.info.manifest.get("model_file", "model.onnx")
-        self.session = ort.InferenceSession(str(model_file), options, providers=choose_providers(provider))
+        self.session = ort.InferenceSession(str(self.info.model_file), options, providers=choose_providers(provider))
         self.provider = self.session.get_providers()[0]
 
     @property

@@ -1,10 +1,12 @@
 """The ONNX Runtime engine: feeds, providers, shapes."""
 
+import re
+
 import numpy as np
 import pytest
 
 from service.chars import token_char_ids
-from service.engine import Engine, TokenCache, check_single_runtime, choose_providers, encode_batch
+from service.engine import Engine, TokenCache, check_single_runtime, choose_providers, encode_batch, read_manifest
 
 
 def test_feeds_hold_each_distinct_token_once():
@@ -99,3 +101,17 @@ def test_cpu_and_gpu_runtimes_together_are_refused(monkeypatch):
     monkeypatch.setattr("service.engine.metadata.version", lambda name: "1.0")  # pretend both are installed
     with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
         check_single_runtime()
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        ('{"num_layers": 3,', "not a manifest written by elmo-export (JSONDecodeError"),
+        ('{"num_layers": 3}', "not a manifest written by elmo-export (no 'output_dim')"),
+        ("[1, 2]", "not a manifest written by elmo-export (TypeError"),
+    ],
+)
+def test_a_broken_manifest_says_what_is_wrong(tmp_path, manifest, message):
+    (tmp_path / "manifest.json").write_text(manifest)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_manifest(tmp_path)
