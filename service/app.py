@@ -13,6 +13,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -20,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.batcher import Batcher, QueueFull, TooLarge
 from service.engine import Engine
 from service.metrics import Metrics
-from service.middleware import BodyLimit, DrainCutoff, RequestMetrics
+from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.mix import compose
 from service.schemas import (
     EmbedRequest,
@@ -101,9 +102,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings, app.state.metrics = settings, metrics
     app.state.ready = False  # the engine is loaded and warm, and the batcher runs
     app.state.draining = False  # a stop signal came: not ready for more, but finishing what is in flight
-    # Outermost last: metrics see every answer, including those of the middleware inside them.
+    # Outermost last: metrics see every answer; CORS answers preflights (which carry no key) and puts its
+    # headers on a 401 too; keys are checked before a body is read.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
     app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
     app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
@@ -137,6 +147,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         request that got in is still served: the server stopped accepting connections already."""
         if not app.state.ready:
             raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
+        if settings.log_request_text:  # off by default: request text never reaches the logs
+            log.info("%s %s", request.url.path, sentences)
         task = asyncio.ensure_future(app.state.batcher.embed(sentences))
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)

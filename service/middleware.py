@@ -1,15 +1,48 @@
-"""ASGI middleware of the service: the body-size cap (before any parsing), per-route request metrics, and the
-answer to requests cut off by the drain bound."""
+"""ASGI middleware of the service: API keys, the body-size cap (before any parsing), per-route request metrics,
+and the answer to requests cut off by the drain bound."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 from collections.abc import Callable
 from time import perf_counter
 
 import orjson
 
 from service.metrics import Metrics
+
+
+class ApiKeys:
+    """With keys configured, every route but the health probes needs `Authorization: Bearer <key>`; 401
+    otherwise, before the body is read. The key presented is compared with every configured key, all of them
+    every time, in constant time on their SHA-256 digests: timing reveals neither a key, nor its length, nor
+    which one matched."""
+
+    OPEN = frozenset({"/health/live", "/health/ready"})
+
+    def __init__(self, app, keys: list[str]):
+        self.app = app
+        self.digests = [hashlib.sha256(key.encode()).digest() for key in keys]
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.digests:
+            return await self.app(scope, receive, send)
+        path, root = scope["path"], scope.get("root_path", "")
+        if (path[len(root) :] if root and path.startswith(root) else path) in self.OPEN:
+            return await self.app(scope, receive, send)
+        header = dict(scope.get("headers") or {}).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        presented = hashlib.sha256(token.strip()).digest()
+        matched = False
+        for digest in self.digests:
+            matched |= hmac.compare_digest(presented, digest)
+        if matched and scheme.lower() == b"bearer":
+            return await self.app(scope, receive, send)
+        detail = {"detail": "authorization: an API key is required (Authorization: Bearer <key>)"}
+        challenge = b'Bearer error="invalid_token"' if header else b"Bearer"
+        await send_json(send, 401, detail, [(b"www-authenticate", challenge)])
 
 
 class BodyLimit:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Where `make serve` exports the embedded default model (models/default/) before serving it.
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "build" / "models" / "default"
@@ -40,8 +41,23 @@ class Settings(BaseSettings):
 
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")
     drain_s: float = Field(30.0, ge=0, description="on SIGTERM, how long requests in flight may take to finish")
+
+    # access (comma-separated lists in the environment: ELMO_API_KEYS=key1,key2)
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        [], description="when set, every route but /health/* needs `Authorization: Bearer <one of them>`"
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field([], description="origins allowed by CORS; none: no CORS")
+
     log_level: str = "info"
+    log_request_text: bool = Field(False, description="log each request's sentences (off: no request text in logs)")
+
+    @field_validator("api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value):
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
 
     def public(self) -> dict:
-        """The values in force, as /info shows them."""
+        """The values in force, as /info shows them (API keys as asterisks)."""
         return self.model_dump(mode="json")

@@ -451,6 +451,27 @@ def test_openapi_and_docs(client):
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
 
+def test_by_default_no_keys_no_cors_and_no_request_text_in_the_log(client, server):
+    secret = "Zyzzyva-unlogged-9902"
+    sent = [  # (route, body, status): served, tokenized, invalid, over a limit, undecodable
+        ("/embed", {"sentences": [[secret, "x"]]}, 200),
+        ("/embed", {"sentences": [f"{secret} as text"]}, 200),
+        ("/v1/embeddings", {"input": secret}, 200),
+        ("/embed", {"sentences": [[secret]], "weights": [1.0]}, 422),
+        ("/embed", {"sentences": [[secret]] * (MAX_SENTENCES + 1)}, 413),
+        ("/embed", f'{{"sentences": [["{secret}"]]'.encode(), 422),
+    ]
+    for route, body, status in sent:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = client.post(route, content=content, headers={"content-type": "application/json"})
+        assert response.status_code == status, response.text
+    from_a_page = client.post("/embed", json={"sentences": [["a"]]}, headers={"origin": "https://app.example"})
+    assert from_a_page.status_code == 200 and "access-control-allow-origin" not in from_a_page.headers
+    preflight = {"origin": "https://app.example", "access-control-request-method": "POST"}
+    assert client.options("/embed", headers=preflight).status_code == 405  # no CORS middleware at all
+    assert secret not in server.log.read_text()
+
+
 def test_no_request_failed_on_the_server(client, server):
     """Last: nothing above made the server answer 5xx or log a traceback."""
     statuses = {
