@@ -104,7 +104,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.draining = False  # a stop signal came: not ready for more, but finishing what is in flight
     # Outermost last: metrics see every answer; CORS answers preflights (which carry no key) and puts its
     # headers on a 401 too; keys are checked before a body is read.
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        inflight=settings.max_inflight_bytes,
+        retry_after_s=settings.retry_after_s,
+    )
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
     app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
     if settings.cors_origins:

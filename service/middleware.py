@@ -46,39 +46,53 @@ class ApiKeys:
 
 
 class BodyLimit:
-    """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed)."""
+    """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed), and bound
+    what the bodies of all requests in flight hold together: over `inflight` bytes, 503 with Retry-After."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, inflight: int, retry_after_s: int):
+        self.app, self.limit, self.inflight = app, limit, inflight
+        self.retry_after = str(retry_after_s).encode()
+        self.held = 0  # bytes of the bodies of all requests in flight
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or {}).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send)
+            return await self._too_large(send)
         chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                break  # the client went away; the app will see it
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                return await self._refuse(send)
-            more = message.get("more_body", False)
-        body, replayed = b"".join(chunks), False
+        try:
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break  # the client went away; the app will see it
+                chunk = message.get("body", b"")
+                if size + len(chunk) > self.limit:
+                    return await self._too_large(send)
+                if self.held + len(chunk) > self.inflight:
+                    detail = (
+                        f"overloaded: request bodies in flight hold {self.held} of {self.inflight} bytes; retry later"
+                    )
+                    return await send_json(send, 503, {"detail": detail}, [(b"retry-after", self.retry_after)])
+                chunks.append(chunk)
+                size += len(chunk)
+                self.held += len(chunk)
+                more = message.get("more_body", False)
+            body, replayed = b"".join(chunks), False
+            chunks.clear()
 
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            async def replay():
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
 
-        await self.app(scope, replay, send)
+            await self.app(scope, replay, send)
+        finally:
+            self.held -= size
 
-    async def _refuse(self, send):
+    async def _too_large(self, send):
         await send_json(send, 413, {"detail": f"body: larger than the limit of {self.limit} bytes"})
 
 

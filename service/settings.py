@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Where `make serve` exports the embedded default model (models/default/) before serving it.
@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     max_sentences: int = Field(512, ge=1, description="sentences per request")
     max_tokens_per_sentence: int = Field(1000, ge=1, description="tokens per sentence")
     max_body_bytes: int = Field(8 << 20, ge=1, description="request body size")
+    max_inflight_bytes: int = Field(
+        64 << 20, ge=1, description="bodies of all requests in flight together (503 above); at least max_body_bytes"
+    )
 
     # ONNX Runtime
     provider: str = Field("auto", pattern="^(auto|cpu|cuda)$")
@@ -57,6 +60,15 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _a_largest_body_fits(self) -> Settings:
+        if self.max_inflight_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_body_bytes ({self.max_body_bytes}): "
+                "a body at the limit could never be taken"
+            )
+        return self
 
     def public(self) -> dict:
         """The values in force, as /info shows them (API keys as asterisks)."""

@@ -3,6 +3,7 @@ sockets. The working tree's code is served (the process starts in the repository
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE = "import sys; from service.cli import serve_main; sys.exit(serve_main())"
@@ -90,9 +92,40 @@ def running_server(model_dir: Path | str, folder: Path, settings: dict[str, str]
         stop(proc)
 
 
+def counter(client: httpx.Client, name: str, **labels) -> float:
+    """One sample of the server's /metrics (0 if absent)."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of a process (VmRSS in /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+class SlowBody:
+    """A request on a raw socket whose body comes in two parts: it is in flight until `finish()`."""
+
+    def __init__(self, port: int, method: str, path: str, body: bytes, first: float = 0.5):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        head = (
+            f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
+        cut = int(len(body) * first)
+        self.sock.sendall(head.encode() + body[:cut])
+        self.rest = body[cut:]
+
+    def finish(self) -> tuple[int, dict, bytes]:
+        self.sock.sendall(self.rest)
+        response = http.client.HTTPResponse(self.sock)
+        response.begin()
+        body = response.read()
+        self.sock.close()
+        return response.status, dict(response.getheaders()), body

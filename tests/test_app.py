@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import max_error
-from tests.server import Server, running_server
+from tests.server import Server, counter, running_server
 
 MAX_SENTENCES, MAX_TOKENS, MAX_BODY = 64, 400, 200_000
 SETTINGS = {
@@ -95,15 +95,6 @@ def assert_mix(got: np.ndarray, layers: np.ndarray, pooled: bool = False, **mix)
     want = reference_mix(layers, **mix)
     want = want.mean(axis=0) if pooled else want
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=mix_tolerance(layers, **mix))
-
-
-def counter(client: httpx.Client, name: str, **labels) -> float:
-    """One sample of /metrics (0 if absent)."""
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def long_sentence(sentences, n: int, start: int = 0) -> list[str]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import http.client
 import itertools
 import json
 import signal
@@ -15,32 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 
-from tests.server import free_port, launch, wait_ready
+from tests.server import SlowBody, counter, free_port, launch, wait_ready
 
 DRAIN_S = 20
 LONG = 1000  # tokens per sentence of the slow requests: each is a batch of its own (ELMO_BATCH_TOKENS)
 SETTINGS = {"ELMO_BATCH_TOKENS": str(LONG + 2), "ELMO_DRAIN_S": str(DRAIN_S), "ELMO_GATHER_MS": "0"}
-
-
-class SlowBody:
-    """A request on a raw socket whose body comes in two parts: it is in flight until `finish()`."""
-
-    def __init__(self, port: int, method: str, path: str, body: bytes):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-        head = (
-            f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n"
-        )
-        self.sock.sendall(head.encode() + body[: len(body) // 2])
-        self.rest = body[len(body) // 2 :]
-
-    def finish(self) -> tuple[int, dict, bytes]:
-        self.sock.sendall(self.rest)
-        response = http.client.HTTPResponse(self.sock)
-        response.begin()
-        body = response.read()
-        self.sock.close()
-        return response.status, dict(response.getheaders()), body
 
 
 def refused(port: int) -> bool:
@@ -53,13 +31,6 @@ def refused(port: int) -> bool:
 
 def layers(item: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(item["embedding"]), "<f4").reshape(item["shape"])
-
-
-def engine_batches(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("elmo_inference_seconds_count"):
-            return float(line.split()[1])
-    return 0.0
 
 
 def test_sigterm_while_busy_answers_everything_in_flight_then_exits_0(tiny_model_dir, tmp_path, engine, sentences):
@@ -81,11 +52,13 @@ def test_sigterm_while_busy_answers_everything_in_flight_then_exits_0(tiny_model
 
         slow_embed = SlowBody(port, "POST", "/embed", json.dumps({"sentences": [["slow", "body"]]}).encode())
         slow_ready = SlowBody(port, "GET", "/health/ready", b"{}")  # a body, so it is in flight until finished
-        before = engine_batches(url)
+        metrics = httpx.Client(base_url=url)
+        before = counter(metrics, "elmo_inference_seconds_count")
         with ThreadPoolExecutor(len(requests)) as pool:
             futures = [pool.submit(post, k) for k in range(len(requests))]
             deadline = time.monotonic() + 30
-            while engine_batches(url) < before + 2:  # the engine is on them: they are in flight
+            # The engine is on them: they are in flight.
+            while counter(metrics, "elmo_inference_seconds_count") < before + 2:
                 assert time.monotonic() < deadline, "the requests never reached the engine"
                 time.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
