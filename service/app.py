@@ -36,6 +36,8 @@ from service.tokenize import min_tokens, tokenize
 log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
 ERRORS = {code: {"model": ErrorResponse} for code in (413, 422, 503)}
+MAX_ERRORS = 10  # a body with 100 000 wrong tokens is told about the first few, not in a 10 MB answer
+MAX_NAME = 64  # characters of a field name in an answer: an unknown field may be a megabyte long
 
 
 class ApiError(Exception):
@@ -123,16 +125,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError):
+        every = exc.errors()
         errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+            {"loc": [_cut(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in every[:MAX_ERRORS]
         ]
+        more = {"more_errors": len(every) - MAX_ERRORS} if len(every) > MAX_ERRORS else {}
         first = errors[0] if errors else {"loc": [], "msg": "invalid body"}
         if first.get("type") == "json_invalid":  # its loc is ("body", character offset): the field is the body
-            reason = (exc.errors()[0].get("ctx") or {}).get("error", "")
+            reason = (every[0].get("ctx") or {}).get("error", "")
             detail = f"body: invalid JSON at character {first['loc'][-1]}: {reason}"
-            return _json({"detail": detail, "errors": errors}, status=422)
+            return _json({"detail": detail, "errors": errors, **more}, status=422)
         field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return _json({"detail": f"{field}: {first['msg']}", "errors": errors}, status=422)
+        return _json({"detail": f"{field}: {first['msg']}", "errors": errors, **more}, status=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -182,7 +187,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         at_least = [min_tokens(x) if isinstance(x, str) else len(x) for x in items]
         for i, n in enumerate(at_least):
             if n > settings.max_tokens_per_sentence:
-                raise ApiError(413, f"{n} tokens; the limit is {settings.max_tokens_per_sentence}", f"{field}[{i}]")
+                counted = f"at least {n}" if isinstance(items[i], str) else str(n)
+                limit = settings.max_tokens_per_sentence
+                raise ApiError(413, f"{counted} tokens; the limit is {limit}", f"{field}[{i}]")
         if (total := sum(at_least) + 2 * len(items)) > settings.queue_tokens:
             raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
         sentences = items
@@ -301,6 +308,10 @@ def _has_surrogate(tokens: list[str]) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def _cut(part: str | int) -> str | int:
+    return part[:MAX_NAME] + "..." if isinstance(part, str) and len(part) > MAX_NAME else part
 
 
 def _retry(settings: Settings) -> dict:
