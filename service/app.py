@@ -24,6 +24,7 @@ from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.mix import compose
 from service.schemas import (
+    MAX_OUTPUTS,
     EmbedRequest,
     EmbedResponse,
     ErrorResponse,
@@ -35,7 +36,7 @@ from service.tokenize import min_tokens, tokenize
 
 log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
-ERRORS = {code: {"model": ErrorResponse} for code in (413, 422, 503)}
+ERRORS = {code: {"model": ErrorResponse} for code in (401, 413, 422, 503)}
 MAX_ERRORS = 10  # a body with 100 000 wrong tokens is told about the first few, not in a 10 MB answer
 MAX_NAME = 64  # characters of a field name in an answer: an unknown field may be a megabyte long
 
@@ -259,7 +260,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def live():
         return {"status": "live"}
 
-    @app.get("/health/ready", summary="200 once the model is loaded and warm; 503 while starting or draining")
+    @app.get(
+        "/health/ready",
+        summary="200 once the model is loaded and warm; 503 while starting or draining",
+        responses={
+            503: {"description": "not ready", "content": {"application/json": {"example": {"status": "draining"}}}}
+        },
+    )
     async def ready():
         if app.state.ready and not app.state.draining:
             return {"status": "ready"}
@@ -281,6 +288,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "max_sentences": settings.max_sentences,
                     "max_tokens_per_sentence": settings.max_tokens_per_sentence,
                     "max_body_bytes": settings.max_body_bytes,
+                    "max_inflight_bytes": settings.max_inflight_bytes,
+                    "max_layers_or_mixes": MAX_OUTPUTS,
                     "queue_tokens": settings.queue_tokens,
                     "batch_tokens": settings.batch_tokens,
                 },

@@ -407,6 +407,7 @@ def test_info(client, server, tiny_model_dir):
     limits = info["limits"]
     assert (limits["max_sentences"], limits["max_tokens_per_sentence"]) == (MAX_SENTENCES, MAX_TOKENS)
     assert limits["max_body_bytes"] == MAX_BODY and limits["batch_tokens"] == 4096
+    assert limits["max_inflight_bytes"] == 64 << 20 and limits["max_layers_or_mixes"] == 8
     settings = info["settings"]
     assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"
