@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 
 DEFAULT_MODEL := build/models/default
 
-.PHONY: install lint format test serve image clean
+.PHONY: install lint format test serve train-default image clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
@@ -35,6 +35,17 @@ $(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weigh
 
 serve: install $(DEFAULT_MODEL)/manifest.json
 	$(BIN)/elmo-serve --model $(DEFAULT_MODEL)
+
+# The embedded default model, trained from scratch (README: "Training the default model"): WordNet's glosses
+# (Debian package wordnet-base) as text, then about 40 minutes of elmo-train on one core. Copy the result to
+# models/default/ by hand after reading its model card.
+CORPUS := build/corpus
+$(CORPUS)/train.txt: model_export/corpus.py | install
+	$(BIN)/python -m model_export.corpus --out $(CORPUS)
+
+train-default: $(CORPUS)/train.txt
+	$(BIN)/elmo-train --corpus $(CORPUS)/train.txt --heldout $(CORPUS)/heldout.txt --out build/train-default \
+		--config small --threads 1
 
 # The Docker image for RUNTIME (needs a Docker engine): elmo-service:cpu or elmo-service:gpu.
 image:

@@ -12,7 +12,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ELMO_SHARED", ROOT.parent / "shared"))
 FULL_OPTIONS = SHARED / "configs" / "elmo_2x4096_512_2048cnn_2xhighway_options.json"
-SENTENCES = SHARED / "fixtures" / "elmo-tiny" / "sentences_flat.json"
+TINY = SHARED / "fixtures" / "elmo-tiny"
+SENTENCES = TINY / "sentences_flat.json"
 BUILD = ROOT / "build" / "bench"
 
 
@@ -36,6 +37,18 @@ def full_size_model(options: Path = FULL_OPTIONS, seed: int = 0) -> Path:
     manifest = out / "onnx" / "manifest.json"
     if not manifest.exists() or json.loads(manifest.read_text()).get("graph_version") != GRAPH_VERSION:
         export_published(out / "options.json", out / "weights.hdf5", out / "onnx")
+    return out
+
+
+def tiny_model() -> Path:
+    """The tiny fixture biLM (output dim 32) exported once under build/bench/, as the tests export it."""
+    from model_export.export import export_published
+    from model_export.onnx_graph import GRAPH_VERSION
+
+    out = BUILD / "elmo-tiny"
+    manifest = out / "manifest.json"
+    if not manifest.exists() or json.loads(manifest.read_text()).get("graph_version") != GRAPH_VERSION:
+        export_published(TINY / "options.json", TINY / "lm_weights.hdf5", out)
     return out
 
 

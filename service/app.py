@@ -13,16 +13,18 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.batcher import Batcher, QueueFull
+from service.batcher import Batcher, QueueFull, TooLarge
 from service.engine import Engine
 from service.metrics import Metrics
-from service.middleware import BodyLimit, RequestMetrics
+from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.mix import compose
 from service.schemas import (
+    MAX_OUTPUTS,
     EmbedRequest,
     EmbedResponse,
     ErrorResponse,
@@ -30,11 +32,13 @@ from service.schemas import (
     OpenAIEmbeddingResponse,
 )
 from service.settings import Settings
-from service.tokenize import tokenize
+from service.tokenize import min_tokens, tokenize
 
 log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
-ERRORS = {code: {"model": ErrorResponse} for code in (413, 422, 503)}
+ERRORS = {code: {"model": ErrorResponse} for code in (401, 413, 422, 503)}
+MAX_ERRORS = 10  # a body with 100 000 wrong tokens is told about the first few, not in a 10 MB answer
+MAX_NAME = 64  # characters of a field name in an answer: an unknown field may be a megabyte long
 
 
 class ApiError(Exception):
@@ -69,9 +73,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 settings.inter_op_threads,
                 settings.token_cache,
             )
-        except Exception as err:
-            log.error("cannot load the model from %s: %s", settings.model_dir, err)
-            raise
+        except Exception as err:  # a corrupt model file, most likely: say so, and never serve half-ready
+            message = f"cannot load the model from {settings.model_dir}: {type(err).__name__}: {err}"
+            log.error(message)
+            raise RuntimeError(message) from None
         batcher = Batcher(
             engine.run,
             settings.batch_tokens,
@@ -88,7 +93,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("serving %s (%s) on %s", settings.model_dir, engine.provider, f"{settings.host}:{settings.port}")
         yield
         app.state.ready = False
-        await batcher.stop()
+        await batcher.stop()  # after every request in flight was answered: nothing is queued any more
+        log.info("stopped")
 
     app = FastAPI(
         title="ELMo embeddings",
@@ -96,22 +102,43 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
         lifespan=lifespan,
     )
-    app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.state.settings, app.state.metrics = settings, metrics
+    app.state.ready = False  # the engine is loaded and warm, and the batcher runs
+    app.state.draining = False  # a stop signal came: not ready for more, but finishing what is in flight
+    # Outermost last: metrics see every answer; CORS answers preflights (which carry no key) and puts its
+    # headers on a 401 too; keys are checked before a body is read.
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        inflight=settings.max_inflight_bytes,
+        retry_after_s=settings.retry_after_s,
+    )
+    app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
+    app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
     app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError):
+        every = exc.errors()
         errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+            {"loc": [_cut(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in every[:MAX_ERRORS]
         ]
+        more = {"more_errors": len(every) - MAX_ERRORS} if len(every) > MAX_ERRORS else {}
         first = errors[0] if errors else {"loc": [], "msg": "invalid body"}
         if first.get("type") == "json_invalid":  # its loc is ("body", character offset): the field is the body
-            reason = (exc.errors()[0].get("ctx") or {}).get("error", "")
+            reason = (every[0].get("ctx") or {}).get("error", "")
             detail = f"body: invalid JSON at character {first['loc'][-1]}: {reason}"
-            return _json({"detail": detail, "errors": errors}, status=422)
+            return _json({"detail": detail, "errors": errors, **more}, status=422)
         field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return _json({"detail": f"{field}: {first['msg']}", "errors": errors}, status=422)
+        return _json({"detail": f"{field}: {first['msg']}", "errors": errors, **more}, status=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -126,10 +153,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail = f"{exc.field}: {exc}" if exc.field else str(exc)
         return _json({"detail": detail}, status=exc.status, headers=exc.headers)
 
-    async def embed_tokens(request: Request, sentences: list[list[str]]) -> list[np.ndarray]:
-        """Queue the sentences, and drop them if the client goes away before they ran."""
+    async def embed_tokens(request: Request, sentences: list[list[str]], field: str) -> list[np.ndarray]:
+        """Queue the sentences, and drop them if the client goes away before they ran. While draining, a
+        request that got in is still served: the server stopped accepting connections already."""
         if not app.state.ready:
-            raise ApiError(503, "not ready (starting or shutting down)", headers=_retry(settings))
+            raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
+        if settings.log_request_text:  # off by default: request text never reaches the logs
+            log.info("%s %s", request.url.path, sentences)
         task = asyncio.ensure_future(app.state.batcher.embed(sentences))
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
@@ -140,6 +170,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 raise ApiError(499, "client closed the request")
         try:
             return task.result()
+        except TooLarge as err:
+            raise ApiError(413, str(err), field) from None
         except QueueFull as err:
             metrics.rejected.inc()
             raise ApiError(503, f"overloaded: {err}; retry later", headers=_retry(settings)) from None
@@ -147,10 +179,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.exception("engine batch failed")
             raise ApiError(503, f"inference failed ({type(err).__name__}); retry", headers=_retry(settings)) from None
 
-    def tokenized(items: list, field: str) -> list[list[str]]:
+    async def tokenized(items: list, field: str) -> list[list[str]]:
+        """The request's sentences as tokens, within the limits. Refused (413) on cheap counts first, so an
+        oversized request costs no tokenization; strings are tokenized off the event loop (Moses takes
+        seconds on a long text, and the loop must keep answering everyone else)."""
         if len(items) > settings.max_sentences:
             raise ApiError(413, f"{len(items)} sentences; the limit is {settings.max_sentences} per request", field)
-        sentences = [tokenize(x) if isinstance(x, str) else x for x in items]
+        at_least = [min_tokens(x) if isinstance(x, str) else len(x) for x in items]
+        for i, n in enumerate(at_least):
+            if n > settings.max_tokens_per_sentence:
+                counted = f"at least {n}" if isinstance(items[i], str) else str(n)
+                limit = settings.max_tokens_per_sentence
+                raise ApiError(413, f"{counted} tokens; the limit is {limit}", f"{field}[{i}]")
+        if (total := sum(at_least) + 2 * len(items)) > settings.queue_tokens:
+            raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
+        sentences = items
+        if any(isinstance(x, str) for x in items):
+            sentences = await asyncio.to_thread(lambda: [tokenize(x) if isinstance(x, str) else x for x in items])
         for i, tokens in enumerate(sentences):
             if not tokens:
                 raise ApiError(422, "empty sentence", f"{field}[{i}]")
@@ -166,8 +211,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def embed(body: EmbedRequest, request: Request):
         num_layers = app.state.engine.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
-        sentences = tokenized(body.sentences, "sentences")
-        results = await embed_tokens(request, sentences)
+        sentences = await tokenized(body.sentences, "sentences")
+        results = await embed_tokens(request, sentences, "sentences")
         data = []
         for i, (tokens, layers) in enumerate(zip(sentences, results, strict=True)):
             out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix=body.mixes is None)
@@ -193,8 +238,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "empty list", "input")
-        sentences = tokenized(texts, "input")
-        results = await embed_tokens(request, sentences)
+        sentences = await tokenized(texts, "input")
+        results = await embed_tokens(request, sentences, "input")
         default_mix = [([0.0] * app.state.engine.num_layers, 1.0, "softmax", False)]
         data = []
         for i, layers in enumerate(results):
@@ -215,11 +260,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def live():
         return {"status": "live"}
 
-    @app.get("/health/ready", summary="200 once the model is loaded and warm; 503 while starting or draining")
+    @app.get(
+        "/health/ready",
+        summary="200 once the model is loaded and warm; 503 while starting or draining",
+        responses={
+            503: {"description": "not ready", "content": {"application/json": {"example": {"status": "draining"}}}}
+        },
+    )
     async def ready():
-        if app.state.ready:
+        if app.state.ready and not app.state.draining:
             return {"status": "ready"}
-        return _json({"status": "not ready"}, status=503, headers=_retry(settings))
+        status = "draining" if app.state.draining else "not ready"
+        return _json({"status": status}, status=503, headers=_retry(settings))
 
     @app.get("/info", summary="the model, its shape, the provider and the settings in force")
     async def info():
@@ -236,6 +288,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "max_sentences": settings.max_sentences,
                     "max_tokens_per_sentence": settings.max_tokens_per_sentence,
                     "max_body_bytes": settings.max_body_bytes,
+                    "max_inflight_bytes": settings.max_inflight_bytes,
+                    "max_layers_or_mixes": MAX_OUTPUTS,
                     "queue_tokens": settings.queue_tokens,
                     "batch_tokens": settings.batch_tokens,
                 },
@@ -250,6 +304,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+def start_draining(app: FastAPI) -> None:
+    """A stop signal came: /health/ready answers 503 from now on (balancers stop sending); requests in
+    flight are still answered. Safe to call from a signal handler: it only sets a flag."""
+    app.state.draining = True
+
+
 def _has_surrogate(tokens: list[str]) -> bool:
     # JSON may escape one (\ud800); it cannot be written back as UTF-8, so the response could not echo it.
     try:
@@ -257,6 +317,10 @@ def _has_surrogate(tokens: list[str]) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def _cut(part: str | int) -> str | int:
+    return part[:MAX_NAME] + "..." if isinstance(part, str) and len(part) > MAX_NAME else part
 
 
 def _retry(settings: Settings) -> dict:

@@ -1,13 +1,16 @@
 """Dynamic batching: many concurrent requests become few large engine batches. Owns the policy, nothing else.
 
 * Each request's sentences enter the queue as one entry; the queue is bounded in tokens, and a request
-  that does not fit is refused at once (`QueueFull` -> 503 with Retry-After), never left to pile up.
+  that does not fit is refused at once (`QueueFull` -> 503 with Retry-After), never left to pile up; one
+  larger than the whole queue could never fit (`TooLarge` -> 413).
 * The batching loop runs whenever the engine is free: it waits at most `max_wait` for more work while the
   queue holds less than a batch (after a round that answered several clients, up to `gather` for them to
   send again), then takes every waiting sentence, sorts them by length (little padding)
   and cuts them into batches whose padded size (rows x longest, boundary tokens included) stays within
   the token budget. A request larger than a batch is simply spread over several.
 * Entries whose client has gone are dropped before they cost compute.
+* A batch the engine fails on (out of memory, say) is run again in halves, down to single sentences, so
+  only a request whose own sentence fails alone gets the error.
 * The engine runs in a worker thread, so the event loop keeps serving while a batch computes, and every
   request gets exactly its own rows back.
 """
@@ -15,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +27,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
+log = logging.getLogger("elmo.batcher")
 
 
 class QueueFull(Exception):
     """The queue cannot take this request now; the client should retry later."""
+
+
+class TooLarge(Exception):
+    """The request is larger than the whole queue: it can never be taken, so retrying is no use."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(
+            f"{tokens} tokens with 2 boundary tokens per sentence; the limit is {limit} per request (the queue size)"
+        )
 
 
 @dataclass(eq=False)
@@ -94,11 +108,14 @@ class Batcher:
         self._executor.shutdown(wait=True)
 
     async def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full.
+        """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full now,
+        TooLarge when the request alone is over the queue's size.
         Cancelling the awaiting task (the client went away) takes the request out of the queue."""
         if not sentences:  # no rows would ever resolve its future
             return []
         entry = _Entry(sentences, asyncio.get_running_loop().create_future())
+        if entry.tokens > self.queue_tokens:
+            raise TooLarge(entry.tokens, self.queue_tokens)
         if self._queued_tokens + entry.tokens > self.queue_tokens:
             raise QueueFull(f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens")
         self._queue.append(entry)
@@ -165,18 +182,22 @@ class Batcher:
         return answered
 
     async def _run_batch(self, batch: list[tuple[_Entry, int]], longest: int) -> int:
+        """Run one batch and hand out its rows; returns how many requests it completed. If the engine fails
+        on it (out of memory, say), its halves are run, and theirs, down to single sentences: only a sentence
+        that fails alone fails its request, everyone else is answered, and the server keeps serving."""
         sentences = [entry.sentences[i] for entry, i in batch]
         now = time.perf_counter()
         self.busy = True
         try:
             layers = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, sentences)
-        except Exception as err:  # a failed batch fails its requests, not the server
-            failed = {entry for entry, _ in batch if not entry.future.done()}
-            for entry in failed:
-                entry.future.set_exception(err)
-            return len(failed)
+        except Exception as err:
+            failure = err
+        else:
+            failure = None
         finally:
             self.busy = False
+        if failure is not None:
+            return await self._after_failure(batch, failure)
         answered = 0
         for (entry, i), array in zip(batch, layers, strict=True):
             if entry.future.done():
@@ -196,4 +217,22 @@ class Batcher:
                     queue_seconds=[now - entry.enqueued for entry, _ in batch],
                 )
             )
+        return answered
+
+    async def _after_failure(self, batch: list[tuple[_Entry, int]], err: Exception) -> int:
+        if len(batch) == 1:
+            entry = batch[0][0]
+            if entry.future.done():
+                return 0
+            log.warning("engine failed on a single sentence (%s): failing its request", type(err).__name__)
+            entry.future.set_exception(err)
+            return 1
+        log.warning(
+            "engine failed on a batch of %d sentences (%s): running it in halves", len(batch), type(err).__name__
+        )
+        answered = 0
+        for half in (batch[: len(batch) // 2], batch[len(batch) // 2 :]):
+            wanted = [(entry, i) for entry, i in half if not entry.future.done()]
+            if wanted:  # length-sorted: the first sentence is the longest
+                answered += await self._run_batch(wanted, len(wanted[0][0].sentences[wanted[0][1]]) + 2)
         return answered

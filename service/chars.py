@@ -30,18 +30,32 @@ def _marker_row(char: int, max_chars: int) -> np.ndarray:
     return row + 1
 
 
-def token_char_ids(token: str, max_chars: int = MAX_CHARS) -> np.ndarray:
-    """Char ids of one token, shape (max_chars,), int32, already shifted by +1."""
-    if token == BOS_TOKEN:
+def char_key(token: str, max_chars: int = MAX_CHARS) -> str | bytes:
+    """What a token's char ids depend on, and nothing more: the boundary tokens' own spelling, else the UTF-8
+    bytes that the mapping keeps (at most `max_chars - 2`). Tokens with equal keys get equal ids, so equal
+    vectors; the key of a token of a million characters is 48 bytes."""
+    if token in (BOS_TOKEN, EOS_TOKEN):
+        return token
+    return token.encode("utf-8", "ignore")[: max_chars - 2]
+
+
+def key_char_ids(key: str | bytes, max_chars: int = MAX_CHARS) -> np.ndarray:
+    """Char ids of a `char_key`, shape (max_chars,), int32, already shifted by +1."""
+    if key == BOS_TOKEN:
         return _marker_row(BOS_CHAR, max_chars)
-    if token == EOS_TOKEN:
+    if key == EOS_TOKEN:
         return _marker_row(EOS_CHAR, max_chars)
-    data = token.encode("utf-8", "ignore")[: max_chars - 2]
+    data = key[: max_chars - 2]
     row = np.full(max_chars, PAD_CHAR, dtype=np.int32)
     row[0] = BOW_CHAR
     row[1 : len(data) + 1] = np.frombuffer(data, dtype=np.uint8)
     row[len(data) + 1] = EOW_CHAR
     return row + 1
+
+
+def token_char_ids(token: str, max_chars: int = MAX_CHARS) -> np.ndarray:
+    """Char ids of one token, shape (max_chars,), int32, already shifted by +1."""
+    return key_char_ids(char_key(token, max_chars), max_chars)
 
 
 def sentence_char_ids(tokens: list[str], max_chars: int = MAX_CHARS) -> np.ndarray:

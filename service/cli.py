@@ -86,8 +86,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from service.app import create_app
+    from service.app import create_app, start_draining
     from service.engine import read_manifest
+    from service.server import DrainingServer
     from service.settings import Settings
 
     overrides = {k: v for k, v in {"model_dir": args.model, "host": args.host, "port": args.port}.items() if v}
@@ -105,10 +106,16 @@ def serve_main(argv: list[str] | None = None) -> int:
         )
         return 1
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=settings.drain_s,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, on_signal=lambda: start_draining(app))
     server.run()
     return 0 if server.started else 1
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.chars import BOS_TOKEN, EOS_TOKEN, token_char_ids
+from service.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids
 
 MANIFEST = "manifest.json"
 
@@ -29,67 +29,70 @@ MANIFEST = "manifest.json"
 class TokenCache:
     """Token vectors (the char-CNN's output) of recently seen tokens, at most `size`, least recent out first.
 
-    A token's vector depends on its characters alone, and the graph computes it with the same bits in any
-    batch, so a cached vector equals a recomputed one exactly: the cache saves the char-CNN's share of the
-    work (about a quarter of the model) for frequent words and changes no output."""
+    A token's vector depends on its char ids alone (see `char_key`, the cache's key: at most 48 bytes however
+    long the token), and the graph computes it with the same bits in any batch, so a cached vector equals a
+    recomputed one exactly: the cache saves the char-CNN's share of the work (about a quarter of the model)
+    for frequent words and changes no output."""
 
     def __init__(self, size: int):
         self.size = size
-        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._vectors: OrderedDict[str | bytes, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._vectors)
 
-    def get(self, token: str) -> np.ndarray | None:
+    def get(self, key: str | bytes) -> np.ndarray | None:
         with self._lock:
-            vector = self._vectors.get(token)
+            vector = self._vectors.get(key)
             if vector is not None:
-                self._vectors.move_to_end(token)
+                self._vectors.move_to_end(key)
             return vector
 
-    def put(self, token: str, vector: np.ndarray) -> None:
+    def put(self, key: str | bytes, vector: np.ndarray) -> None:
         if self.size <= 0:
             return
         with self._lock:
-            self._vectors[token] = vector
-            self._vectors.move_to_end(token)
+            self._vectors[key] = vector
+            self._vectors.move_to_end(key)
             while len(self._vectors) > self.size:
                 self._vectors.popitem(last=False)
 
 
 def encode_batch(
     sentences: Sequence[Sequence[str]], max_chars: int, dim: int, cache: TokenCache | None = None
-) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """The graph's inputs for a batch, and the tokens it will encode (token -> row of `token_vectors`).
+) -> tuple[dict[str, np.ndarray], dict[str | bytes, int]]:
+    """The graph's inputs for a batch, and what it will encode (`char_key` -> row of `token_vectors`).
 
-    Each distinct token appears once: encoded from its chars (`token_chars`), or taken from the cache
-    (`cached_vectors`). The boundary tokens are always encoded, so at least one row is."""
-    encode: dict[str, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
-    cached: dict[str, int] = {}
+    Each distinct key appears once (tokens that differ only past the kept bytes share one): encoded from
+    its chars (`token_chars`), or taken from the cache (`cached_vectors`). The boundary tokens are always
+    encoded, so at least one row is."""
+    encode: dict[str | bytes, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
+    cached: dict[str | bytes, int] = {}
     cached_vectors: list[np.ndarray] = []
-    for sentence in sentences:
-        for token in sentence:
-            if token in encode or token in cached:
+    keys = [[char_key(token, max_chars) for token in sentence] for sentence in sentences]
+    for sentence in keys:
+        for key in sentence:
+            if key in encode or key in cached:
                 continue
-            vector = cache.get(token) if cache is not None else None
+            vector = cache.get(key) if cache is not None else None
             if vector is None:
-                encode[token] = len(encode)
+                encode[key] = len(encode)
             else:
-                cached[token] = len(cached_vectors)
+                cached[key] = len(cached_vectors)
                 cached_vectors.append(vector)
     offset = len(encode)  # token_index counts the encoded rows first, then the cached ones
 
-    steps = max(len(s) for s in sentences) + 2
-    token_index = np.zeros((len(sentences), steps), dtype=np.int64)  # padding points at <S>: never read
-    lengths = np.empty(len(sentences), dtype=np.int64)
-    for row, sentence in enumerate(sentences):
-        positions = [encode[t] if t in encode else offset + cached[t] for t in sentence]
+    steps = max(len(s) for s in keys) + 2
+    token_index = np.zeros((len(keys), steps), dtype=np.int64)  # padding points at <S>: never read
+    lengths = np.empty(len(keys), dtype=np.int64)
+    for row, sentence in enumerate(keys):
+        positions = [encode[k] if k in encode else offset + cached[k] for k in sentence]
         token_index[row, 1 : len(sentence) + 1] = positions
         token_index[row, len(sentence) + 1] = 1
         lengths[row] = len(sentence) + 2
     feeds = {
-        "token_chars": np.stack([token_char_ids(token, max_chars) for token in encode]),
+        "token_chars": np.stack([key_char_ids(key, max_chars) for key in encode]),
         "cached_vectors": np.stack(cached_vectors) if cached_vectors else np.zeros((0, dim), np.float32),
         "token_index": token_index,
         "lengths": lengths,
@@ -131,20 +134,31 @@ class ModelInfo:
     dim: int  # size of every layer vector
     max_chars: int
     token_dim: int  # size of the char-CNN's token vector (half of dim)
+    model_file: Path
 
 
 def read_manifest(model_dir: str | Path) -> ModelInfo:
+    """The manifest of a folder written by elmo-export; FileNotFoundError or ValueError with a message that
+    says what is wrong (no manifest, not JSON, a field missing, no model file), before anything loads."""
     path = Path(model_dir) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {model_dir} a folder written by elmo-export?")
-    manifest = json.loads(path.read_text())
-    return ModelInfo(
-        manifest=manifest,
-        num_layers=int(manifest["num_layers"]),
-        dim=int(manifest["output_dim"]),
-        max_chars=int(manifest["architecture"]["char_cnn"]["max_characters_per_token"]),
-        token_dim=int(manifest["architecture"]["lstm"]["projection_dim"]),
-    )
+    try:
+        manifest = json.loads(path.read_text())
+        info = ModelInfo(
+            manifest=manifest,
+            num_layers=int(manifest["num_layers"]),
+            dim=int(manifest["output_dim"]),
+            max_chars=int(manifest["architecture"]["char_cnn"]["max_characters_per_token"]),
+            token_dim=int(manifest["architecture"]["lstm"]["projection_dim"]),
+            model_file=Path(model_dir) / manifest.get("model_file", "model.onnx"),
+        )
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        what = f"no {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"{path} is not a manifest written by elmo-export ({what})") from None
+    if not info.model_file.is_file():
+        raise FileNotFoundError(f"{info.model_file} not found: the manifest in {model_dir} names it")
+    return info
 
 
 class Engine:
@@ -165,9 +179,12 @@ class Engine:
         options.intra_op_num_threads = intra_op_threads  # 0: one per core
         options.inter_op_num_threads = inter_op_threads
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        model_file = Path(model_dir) / self.info.manifest.get("model_file", "model.onnx")
+        # ONNX Runtime keeps a memory pattern for each distinct set of input shapes it has seen, for good; with
+        # this graph's shapes (rows, length, distinct and cached tokens) that set keeps growing: an engine fed
+        # 10 000 batches of varied shapes grew +13% and was still growing. Off, it levels off, at the same speed.
+        options.enable_mem_pattern = False
         providers = choose_providers(provider)
-        self.session = ort.InferenceSession(str(model_file), options, providers=providers)
+        self.session = ort.InferenceSession(str(self.info.model_file), options, providers=providers)
         self.provider = self.session.get_providers()[0]
         if provider == "cuda" and self.provider != providers[0]:
             # ONNX Runtime falls back to the CPU with a warning when CUDA cannot start (no GPU visible, a CUDA
@@ -192,7 +209,7 @@ class Engine:
             return []
         feeds, encoded = encode_batch(sentences, self.info.max_chars, self.info.token_dim, self.token_cache)
         layers, token_vectors = self.session.run(["layers", "token_vectors"], feeds)  # (num_layers, B, T, dim)
-        for token, row in encoded.items():
-            if token not in (BOS_TOKEN, EOS_TOKEN):  # always encoded, never looked up
-                self.token_cache.put(token, token_vectors[row].copy())
+        for key, row in encoded.items():
+            if key not in (BOS_TOKEN, EOS_TOKEN):  # always encoded, never looked up
+                self.token_cache.put(key, token_vectors[row].copy())
         return [np.ascontiguousarray(layers[:, row, 1 : len(s) + 1]) for row, s in enumerate(sentences)]

@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # Finite and bounded, so a mix can never overflow float32 into inf or NaN.
 Number = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
+# Layers or mixes per request: each one is a copy of the answer, so a list of a million would need
+# a million times its memory.
+MAX_OUTPUTS = 8
 
 
 class _Strict(BaseModel):
@@ -30,10 +33,14 @@ class EmbedRequest(Mix):
         examples=[[["The", "bank", "of", "the", "river", "."], "She went to the bank to deposit money."]],
     )
     output: Literal["mix", "layers"] = Field("mix", description="the scalar mix, or the per-layer vectors")
-    layers: list[int] | None = Field(None, description='with output "layers": which layers, in this order')
+    layers: list[int] | None = Field(
+        None, max_length=MAX_OUTPUTS, description='with output "layers": which layers, in this order'
+    )
     pooling: Literal["none", "mean"] = Field("none", description='"mean" averages over the tokens')
     encoding: Literal["float", "base64"] = Field("float", description="base64: little-endian float32, C order")
-    mixes: list[Mix] | None = Field(None, min_length=1, description="several mixes at once: one per entry")
+    mixes: list[Mix] | None = Field(
+        None, min_length=1, max_length=MAX_OUTPUTS, description="several mixes at once: one per entry"
+    )
 
 
 class EmbeddingItem(BaseModel):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Where `make serve` exports the embedded default model (models/default/) before serving it.
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "build" / "models" / "default"
@@ -31,6 +32,9 @@ class Settings(BaseSettings):
     max_sentences: int = Field(512, ge=1, description="sentences per request")
     max_tokens_per_sentence: int = Field(1000, ge=1, description="tokens per sentence")
     max_body_bytes: int = Field(8 << 20, ge=1, description="request body size")
+    max_inflight_bytes: int = Field(
+        64 << 20, ge=1, description="bodies of all requests in flight together (503 above); at least max_body_bytes"
+    )
 
     # ONNX Runtime
     provider: str = Field("auto", pattern="^(auto|cpu|cuda)$")
@@ -39,8 +43,33 @@ class Settings(BaseSettings):
     token_cache: int = Field(50_000, ge=0, description="token vectors kept for frequent words (0: none)")
 
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")
+    drain_s: float = Field(30.0, ge=0, description="on SIGTERM, how long requests in flight may take to finish")
+
+    # access (comma-separated lists in the environment: ELMO_API_KEYS=key1,key2)
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        [], description="when set, every route but /health/* needs `Authorization: Bearer <one of them>`"
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field([], description="origins allowed by CORS; none: no CORS")
+
     log_level: str = "info"
+    log_request_text: bool = Field(False, description="log each request's sentences (off: no request text in logs)")
+
+    @field_validator("api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value):
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _a_largest_body_fits(self) -> Settings:
+        if self.max_inflight_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_body_bytes ({self.max_body_bytes}): "
+                "a body at the limit could never be taken"
+            )
+        return self
 
     def public(self) -> dict:
-        """The values in force, as /info shows them."""
+        """The values in force, as /info shows them (API keys as asterisks)."""
         return self.model_dump(mode="json")

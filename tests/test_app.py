@@ -8,13 +8,6 @@ import base64
 import itertools
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,19 +15,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import max_error
+from tests.server import Server, counter, running_server
 
-REPO = Path(__file__).resolve().parents[1]
 MAX_SENTENCES, MAX_TOKENS, MAX_BODY = 64, 400, 200_000
 SETTINGS = {
     "ELMO_MAX_SENTENCES": str(MAX_SENTENCES),
     "ELMO_MAX_TOKENS_PER_SENTENCE": str(MAX_TOKENS),
     "ELMO_MAX_BODY_BYTES": str(MAX_BODY),
-    "ELMO_PROVIDER": "cpu",
-    "ELMO_INTRA_OP_THREADS": "1",
-    "ELMO_INTER_OP_THREADS": "1",
 }
-SERVE = "import sys; from service.cli import serve_main; sys.exit(serve_main())"
-STARTUP_S = 60
 NUM_LAYERS, DIM = 3, 32
 HELLO = ["Hello", ",", "world", "!"]
 # A sentence's vectors in another batch (alone, or with other sentences of other lengths): the bar is 1e-6. On CPU
@@ -43,51 +31,10 @@ HELLO = ["Hello", ",", "world", "!"]
 BATCH_TOLERANCE = 1e-6
 
 
-@dataclass(frozen=True)
-class Server:
-    url: str
-    port: int
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"elmo-serve exited with {proc.returncode} before it was ready:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"elmo-serve not ready within {STARTUP_S} s:\n{log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory) -> Server:
-    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "server.log"
-    # Only our ELMO_* settings: one left in the environment (a batch size, a limit) would change what is tested.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_") or k == "ELMO_SHARED"} | SETTINGS
-    cmd = [sys.executable, "-c", SERVE, "--model", str(tiny_model_dir), "--port", str(port)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    try:
-        _wait_ready(proc, f"http://127.0.0.1:{port}", log)
-        yield Server(f"http://127.0.0.1:{port}", port, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("serve"), SETTINGS) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -148,15 +95,6 @@ def assert_mix(got: np.ndarray, layers: np.ndarray, pooled: bool = False, **mix)
     want = reference_mix(layers, **mix)
     want = want.mean(axis=0) if pooled else want
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=mix_tolerance(layers, **mix))
-
-
-def counter(client: httpx.Client, name: str, **labels) -> float:
-    """One sample of /metrics (0 if absent)."""
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def long_sentence(sentences, n: int, start: int = 0) -> list[str]:
@@ -469,6 +407,7 @@ def test_info(client, server, tiny_model_dir):
     limits = info["limits"]
     assert (limits["max_sentences"], limits["max_tokens_per_sentence"]) == (MAX_SENTENCES, MAX_TOKENS)
     assert limits["max_body_bytes"] == MAX_BODY and limits["batch_tokens"] == 4096
+    assert limits["max_inflight_bytes"] == 64 << 20 and limits["max_layers_or_mixes"] == 8
     settings = info["settings"]
     assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"
@@ -502,6 +441,27 @@ def test_openapi_and_docs(client):
         assert path in paths
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_by_default_no_keys_no_cors_and_no_request_text_in_the_log(client, server):
+    secret = "Zyzzyva-unlogged-9902"
+    sent = [  # (route, body, status): served, tokenized, invalid, over a limit, undecodable
+        ("/embed", {"sentences": [[secret, "x"]]}, 200),
+        ("/embed", {"sentences": [f"{secret} as text"]}, 200),
+        ("/v1/embeddings", {"input": secret}, 200),
+        ("/embed", {"sentences": [[secret]], "weights": [1.0]}, 422),
+        ("/embed", {"sentences": [[secret]] * (MAX_SENTENCES + 1)}, 413),
+        ("/embed", f'{{"sentences": [["{secret}"]]'.encode(), 422),
+    ]
+    for route, body, status in sent:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = client.post(route, content=content, headers={"content-type": "application/json"})
+        assert response.status_code == status, response.text
+    from_a_page = client.post("/embed", json={"sentences": [["a"]]}, headers={"origin": "https://app.example"})
+    assert from_a_page.status_code == 200 and "access-control-allow-origin" not in from_a_page.headers
+    preflight = {"origin": "https://app.example", "access-control-request-method": "POST"}
+    assert client.options("/embed", headers=preflight).status_code == 405  # no CORS middleware at all
+    assert secret not in server.log.read_text()
 
 
 def test_no_request_failed_on_the_server(client, server):

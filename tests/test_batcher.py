@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatchStats, QueueFull
+from service.batcher import Batcher, BatchStats, QueueFull, TooLarge
 
 T = TypeVar("T")
 TIMEOUT_S = 20.0  # a test that would hang fails after this instead
@@ -294,8 +294,8 @@ def test_queue_full_is_raised_at_once_and_clears_after_draining(engine):
         await wait_until(lambda: batcher.queued_tokens == 20)  # exactly full is still accepted
         with pytest.raises(QueueFull):
             await batcher.embed([["x"]])
-        with pytest.raises(QueueFull):
-            await batcher.embed([["x"] * 19])  # would never fit, even in an empty queue
+        with pytest.raises(TooLarge, match=r"21 tokens .* the limit is 20"):
+            await batcher.embed([["x"] * 19])  # would never fit, even in an empty queue: no use retrying
         # Refused at once: the engine is still held, nothing was added, nothing else ran.
         assert recorder.held and len(recorder.calls) == 1
         assert batcher.queued_tokens == 20
@@ -303,7 +303,7 @@ def test_queue_full_is_raised_at_once_and_clears_after_draining(engine):
         results = await asyncio.gather(blocker, first, second)
         assert batcher.queued_tokens == 0
         again = await batcher.embed([["x"], eight])  # 13 tokens: accepted now
-        with pytest.raises(QueueFull):
+        with pytest.raises(TooLarge):
             await batcher.embed([["x"] * 19])
         await batcher.stop()
         return recorder, results, again
@@ -374,7 +374,7 @@ def test_a_request_cancelled_after_being_taken_is_dropped_before_its_batch(engin
     assert_own_rows(engine, [["next"]], after)
 
 
-def test_an_engine_failure_fails_only_its_batch(engine):
+def test_a_failed_batch_is_run_in_halves_and_only_the_failing_sentence_fails(engine):
     long = ["fine"] * 10  # 12 tokens: a batch of its own with batch_tokens=12
     poisoned = ["BOOM", "x"]  # shares a batch with `neighbour`
     neighbour = ["y", "z"]
@@ -387,7 +387,7 @@ def test_an_engine_failure_fails_only_its_batch(engine):
         blocker = await start_blocked(batcher, recorder)
         tasks = [
             asyncio.ensure_future(batcher.embed(r))
-            for r in ([poisoned], [neighbour], [long], [long, poisoned])  # the last spans both batches
+            for r in ([poisoned], [neighbour], [long], [long, poisoned])  # the last spans two batches
         ]
         await wait_until(lambda: batcher.queued_tokens == 4 + 4 + 12 + 16)
         recorder.release()
@@ -399,12 +399,55 @@ def test_an_engine_failure_fails_only_its_batch(engine):
 
     recorder, (r_poisoned, r_neighbour, r_long, r_mixed), after = run(main)
     assert isinstance(r_poisoned, EngineFailure)
-    assert isinstance(r_neighbour, EngineFailure)
-    assert isinstance(r_mixed, EngineFailure)
+    assert isinstance(r_mixed, EngineFailure)  # its long sentence was fine, its other one was not
+    assert_own_rows(engine, [neighbour], r_neighbour)  # shared the failed batch: answered from a half
     assert_own_rows(engine, [long], r_long)
     assert_own_rows(engine, [neighbour, long], after)
-    assert recorder.calls[1:] == [[long], [long], [poisoned, neighbour, poisoned], [long], [neighbour]]
-    assert len(stats) == len(recorder.calls) - 1  # no metrics for the failed batch
+    failed = [poisoned, neighbour, poisoned]
+    assert recorder.calls[1:] == [
+        [long], [long], failed, failed[:1], failed[1:], [neighbour], [poisoned], [long], [neighbour]
+    ]  # fmt: skip
+    assert len(stats) == len(recorder.calls) - 4  # no metrics for the failed batches
+
+
+class OutOfMemory(RuntimeError):
+    pass
+
+
+class SmallBatchesOnly:
+    """An engine double that fails like a GPU out of memory on any batch of more than `rows` sentences,
+    whatever they are (a real out-of-memory cannot be produced on this CPU-only machine)."""
+
+    def __init__(self, engine, rows: int):
+        self.engine, self.rows = engine, rows
+
+    def run(self, sentences):
+        if len(sentences) > self.rows:
+            raise OutOfMemory("Failed to allocate memory for requested buffer")
+        return self.engine.run(sentences)
+
+
+def test_an_out_of_memory_batch_is_answered_in_smaller_batches(engine):
+    requests = [make_sentences(3, seed=400 + i, max_len=6) for i in range(5)]
+
+    async def main():
+        recorder = Recorder(SmallBatchesOnly(engine, rows=3))
+        batcher = Batcher(recorder, batch_tokens=4096, max_wait_s=0.0, queue_tokens=100_000)
+        batcher.start()
+        blocker = await start_blocked(batcher, recorder)
+        tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
+        await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
+        recorder.release()
+        results = await asyncio.gather(blocker, *tasks)
+        await batcher.stop()
+        return recorder, results[1:]
+
+    recorder, results = run(main)
+    for sentences, got in zip(requests, results, strict=True):
+        assert_own_rows(engine, sentences, got)
+    sizes = [len(call) for call in recorder.calls[1:]]
+    assert sizes[0] == 15 and max(size for size in sizes if size <= 3) == 3
+    assert sum(size for size in sizes if size <= 3) == 15  # every sentence ran once in a batch that worked
 
 
 def test_stop_finishes_queued_work_first(engine):

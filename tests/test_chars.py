@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from service.chars import MAX_CHARS, sentence_char_ids, token_char_ids
+from service.chars import MAX_CHARS, char_key, sentence_char_ids, token_char_ids
 
 BOW, EOW, PAD = 259, 260, 261  # 258, 259, 260 shifted by +1
 
@@ -55,3 +55,13 @@ def test_sentence_adds_boundaries():
     assert ids[1].tolist() == token_char_ids("Hi").tolist()
     assert ids[2].tolist() == token_char_ids("</S>").tolist()
     assert (ids > 0).all()  # id 0 is reserved for batch padding
+
+
+def test_char_key_is_what_the_ids_depend_on():
+    assert char_key("<S>") == "<S>" and char_key("</S>") == "</S>"  # the boundaries' own ids
+    assert char_key("<s>") == b"<s>"
+    assert char_key("x" * 1_000_000) == char_key("x" * 48 + "y") == b"x" * 48
+    assert char_key("a\ud800b") == b"ab"
+    for token in ("x" * 1_000_000, "a" + "é" * 30, "<S>", "\x00"):
+        other = token + "more" if len(char_key(token)) == MAX_CHARS - 2 else token
+        assert token_char_ids(other).tolist() == token_char_ids(token).tolist()

@@ -1,16 +1,18 @@
 """The ONNX Runtime engine: feeds, providers, shapes."""
 
+import re
+
 import numpy as np
 import pytest
 
 from service.chars import token_char_ids
-from service.engine import Engine, TokenCache, check_single_runtime, choose_providers, encode_batch
+from service.engine import Engine, TokenCache, check_single_runtime, choose_providers, encode_batch, read_manifest
 
 
 def test_feeds_hold_each_distinct_token_once():
     feeds, encoded = encode_batch([["a", "b", "a"], ["b"]], max_chars=50, dim=16)
-    # <S>, </S>, a, b
-    assert encoded == {"<S>": 0, "</S>": 1, "a": 2, "b": 3}
+    # <S>, </S>, a, b: keyed by what their char ids depend on (see char_key)
+    assert encoded == {"<S>": 0, "</S>": 1, b"a": 2, b"b": 3}
     assert feeds["token_chars"].shape == (4, 50) and feeds["cached_vectors"].shape == (0, 16)
     np.testing.assert_array_equal(feeds["token_chars"][2], token_char_ids("a"))
     assert feeds["token_index"].tolist() == [[0, 2, 3, 2, 1], [0, 3, 1, 0, 0]]
@@ -19,11 +21,28 @@ def test_feeds_hold_each_distinct_token_once():
 
 def test_cached_tokens_are_not_encoded_again():
     cache = TokenCache(10)
-    cache.put("b", np.full(16, 7, np.float32))
+    cache.put(b"b", np.full(16, 7, np.float32))
     feeds, encoded = encode_batch([["a", "b", "a"], ["b"]], max_chars=50, dim=16, cache=cache)
-    assert encoded == {"<S>": 0, "</S>": 1, "a": 2}  # "b" comes from the cache, after the 3 encoded rows
+    assert encoded == {"<S>": 0, "</S>": 1, b"a": 2}  # "b" comes from the cache, after the 3 encoded rows
     assert feeds["cached_vectors"].tolist() == [[7.0] * 16]
     assert feeds["token_index"].tolist() == [[0, 2, 3, 2, 1], [0, 3, 1, 0, 0]]
+
+
+def test_tokens_alike_in_their_kept_bytes_are_encoded_once():
+    # A million characters cost the feeds and the cache 48 bytes: the mapping keeps no more.
+    huge, other = "x" * 1_000_000, "x" * 48 + "tail"
+    feeds, encoded = encode_batch([[huge, other, "<S>"]], max_chars=50, dim=16)
+    assert encoded == {"<S>": 0, "</S>": 1, b"x" * 48: 2}  # a "<S>" token is the boundary, as published
+    np.testing.assert_array_equal(feeds["token_chars"][2], token_char_ids(huge))
+    assert feeds["token_index"].tolist() == [[0, 2, 2, 0, 1]]
+
+
+def test_a_huge_token_is_cached_by_its_kept_bytes(tiny_model_dir):
+    engine = Engine(tiny_model_dir, provider="cpu", token_cache=10)
+    huge = "é" * 500_000  # 1e6 bytes; 48 kept
+    (got,) = engine.run([[huge, "end"]])
+    assert len(engine.token_cache) == 2 and engine.token_cache.get("é".encode() * 24) is not None
+    np.testing.assert_array_equal(got, engine.run([["é" * 24, "end"]])[0])
 
 
 def test_cache_is_bounded_least_recent_out():
@@ -90,3 +109,17 @@ def test_cpu_and_gpu_runtimes_together_are_refused(monkeypatch):
     monkeypatch.setattr("service.engine.metadata.version", lambda name: "1.0")  # pretend both are installed
     with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
         check_single_runtime()
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        ('{"num_layers": 3,', "not a manifest written by elmo-export (JSONDecodeError"),
+        ('{"num_layers": 3}', "not a manifest written by elmo-export (no 'output_dim')"),
+        ("[1, 2]", "not a manifest written by elmo-export (TypeError"),
+    ],
+)
+def test_a_broken_manifest_says_what_is_wrong(tmp_path, manifest, message):
+    (tmp_path / "manifest.json").write_text(manifest)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_manifest(tmp_path)

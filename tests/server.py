@@ -1,0 +1,131 @@
+"""A real elmo-serve process for end-to-end tests: uvicorn on 127.0.0.1 with a free port, spoken to over real
+sockets. The working tree's code is served (the process starts in the repository root)."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+SERVE = "import sys; from service.cli import serve_main; sys.exit(serve_main())"
+STARTUP_S = 60
+STOP_S = 20
+# What every test server uses unless a test says otherwise: CPU, one thread each (the machine is shared).
+BASE_SETTINGS = {"ELMO_PROVIDER": "cpu", "ELMO_INTRA_OP_THREADS": "1", "ELMO_INTER_OP_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    port: int
+    log: Path
+    proc: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(model_dir: Path | str, log: Path, settings: dict[str, str], port: int) -> subprocess.Popen:
+    """Start elmo-serve with exactly these ELMO_* settings (on top of BASE_SETTINGS); its output goes to `log`."""
+    # Only our ELMO_* settings: one left in the environment (a batch size, a limit) would change what is tested.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_") or k == "ELMO_SHARED"}
+    env |= BASE_SETTINGS | settings
+    cmd = [sys.executable, "-c", SERVE, "--model", str(model_dir), "--port", str(port)]
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"elmo-serve exited with {proc.returncode} before it was ready:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"elmo-serve not ready within {STARTUP_S} s:\n{log.read_text()}")
+
+
+def stop(proc: subprocess.Popen) -> int:
+    """SIGTERM, then SIGKILL if it does not exit within STOP_S; its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+@contextmanager
+def running_server(model_dir: Path | str, folder: Path, settings: dict[str, str] | None = None) -> Iterator[Server]:
+    """A ready server for the duration of the block; stopped (and its log kept in `folder`) afterwards."""
+    port, log = free_port(), folder / "server.log"
+    proc = launch(model_dir, log, settings or {}, port)
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}", log)
+        yield Server(f"http://127.0.0.1:{port}", port, log, proc)
+    finally:
+        stop(proc)
+
+
+def counter(client: httpx.Client, name: str, **labels) -> float:
+    """One sample of the server's /metrics (0 if absent)."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (VmRSS in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+class SlowBody:
+    """A request on a raw socket whose body comes in two parts: it is in flight until `finish()`."""
+
+    def __init__(self, port: int, method: str, path: str, body: bytes, first: float = 0.5):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        head = (
+            f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
+        cut = int(len(body) * first)
+        self.sock.sendall(head.encode() + body[:cut])
+        self.rest = body[cut:]
+
+    def finish(self) -> tuple[int, dict, bytes]:
+        self.sock.sendall(self.rest)
+        response = http.client.HTTPResponse(self.sock)
+        response.begin()
+        body = response.read()
+        self.sock.close()
+        return response.status, dict(response.getheaders()), body

@@ -1,0 +1,108 @@
+"""Access control end to end, on a real elmo-serve with API keys and one CORS origin: every route but the two
+health probes needs a key, keys never show, CORS answers only the configured origin, and request text reaches
+the log only because ELMO_LOG_REQUEST_TEXT asks for it (tests/test_app.py checks the default: never)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server import running_server
+
+KEYS = ["k3y-first-0123456789", "k3y-second-abcdef"]
+ORIGIN = "https://app.example"
+SETTINGS = {"ELMO_API_KEYS": ",".join(KEYS), "ELMO_CORS_ORIGINS": ORIGIN, "ELMO_LOG_REQUEST_TEXT": "true"}
+ONE = {"sentences": [["a"]]}
+PROTECTED = [  # (method, path, body): every route of the OpenAPI document but the probes, and the document
+    ("POST", "/embed", ONE),
+    ("POST", "/v1/embeddings", {"input": "a"}),
+    ("GET", "/info", None),
+    ("GET", "/metrics", None),
+    ("GET", "/openapi.json", None),
+    ("GET", "/docs", None),
+    ("GET", "/redoc", None),
+    ("GET", "/no/such/route", None),
+]
+WRONG = {
+    "none": {},
+    "empty": {"authorization": ""},
+    "bearer-nothing": {"authorization": "Bearer"},
+    "wrong-key": {"authorization": "Bearer k3y-first-012345678"},  # one character short
+    "key-and-more": {"authorization": f"Bearer {KEYS[0]}x"},
+    "basic": {"authorization": f"Basic {KEYS[0]}"},
+    "no-scheme": {"authorization": KEYS[0]},
+    "other-header": {"x-api-key": KEYS[0]},
+}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("access"), SETTINGS) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def request(client, method, path, body, headers):
+    return client.request(method, path, json=body, headers=headers)
+
+
+@pytest.mark.parametrize("headers", WRONG.values(), ids=WRONG.keys())
+@pytest.mark.parametrize(("method", "path", "body"), PROTECTED, ids=[p for _, p, _ in PROTECTED])
+def test_without_a_valid_key_every_route_is_401(client, method, path, body, headers):
+    response = request(client, method, path, body, headers)
+    assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    assert response.json()["detail"].startswith("authorization: ")
+    assert KEYS[0] not in response.text and KEYS[1] not in response.text
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize(("method", "path", "body"), PROTECTED[:-1], ids=[p for _, p, _ in PROTECTED[:-1]])
+def test_with_either_key_every_route_answers(client, method, path, body, key):
+    for scheme in ("Bearer", "bearer"):  # the scheme is case-insensitive (RFC 9110)
+        response = request(client, method, path, body, {"authorization": f"{scheme} {key}"})
+        assert response.status_code == 200, response.text
+
+
+def test_the_health_probes_need_no_key(client):
+    assert client.get("/health/live").status_code == 200
+    assert client.get("/health/ready").status_code == 200
+    assert client.get("/health/ready", headers={"authorization": "Bearer wrong"}).status_code == 200
+
+
+def test_an_over_limit_body_without_a_key_is_401_unread(client):
+    response = client.post("/embed", content=b"x" * (9 << 20), headers={"content-type": "application/json"})
+    assert response.status_code == 401  # not 413: refused on the key, before the body
+
+
+def test_info_never_shows_the_keys(client):
+    response = client.get("/info", headers={"authorization": f"Bearer {KEYS[1]}"})
+    assert response.json()["settings"]["api_keys"] == ["**********"] * len(KEYS)
+    assert not any(key in response.text for key in KEYS)
+
+
+def test_cors_answers_the_configured_origin_only(client):
+    preflight = {"access-control-request-method": "POST", "access-control-request-headers": "authorization"}
+    allowed = client.options("/embed", headers={"origin": ORIGIN, **preflight})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN
+    assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+    other = client.options("/embed", headers={"origin": "https://evil.example", **preflight})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    # A real request from the origin gets the header, and so does its 401 (the browser can read why).
+    answered = client.post("/embed", json=ONE, headers={"origin": ORIGIN, "authorization": f"Bearer {KEYS[0]}"})
+    assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == ORIGIN
+    refused = client.post("/embed", json=ONE, headers={"origin": ORIGIN})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_request_text_is_logged_when_asked_for(client, server):
+    secret = "Zyzzyva-logged-4417"
+    response = client.post("/embed", json={"sentences": [[secret]]}, headers={"authorization": f"Bearer {KEYS[0]}"})
+    assert response.status_code == 200
+    assert secret in server.log.read_text()
+    assert not any(key in server.log.read_text() for key in KEYS)

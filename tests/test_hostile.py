@@ -1,0 +1,184 @@
+"""Hostile bodies against a real elmo-serve with the default limits, one table row each: every one is answered
+in seconds with a 4xx whose `detail` starts with the field at fault (or, where the body is valid however odd,
+200 with the right numbers), never a 5xx or a hang, and the server stays ready throughout."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server import rss_bytes, running_server
+
+ANSWER_S = 10  # the slowest row answers in well under a second here; a hang or a quadratic path does not
+MILLION = "x" * 1_000_000
+DEEP = 5000
+
+
+def js(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode()
+
+
+def nested(opening: bytes, closing: bytes, inner: bytes = b"") -> bytes:
+    return opening * DEEP + inner + closing * DEEP
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    body: Callable[[], bytes | object]  # raw bytes, or an iterator of chunks (sent chunked); made when run
+    status: int
+    field: str  # what `detail` starts with; for 200, unused
+    route: str = "/embed"
+    served_like: list[list[str]] | None = None  # 200: the layers must be those of these sentences
+
+
+CASES = [
+    # Valid however odd: served, with the numbers the published char mapping gives (48 bytes of a token kept).
+    Case("million-char-token", lambda: js({"sentences": [[MILLION, "end"]], "output": "layers"}), 200, "",
+         served_like=[["x" * 48, "end"]]),
+    Case("million-char-multibyte-token", lambda: js({"sentences": [["é" * 1_000_000]], "output": "layers"}), 200,
+         "", served_like=[["é" * 24]]),
+    Case("million-char-text", lambda: js({"sentences": [MILLION], "output": "layers"}), 200, "",
+         served_like=[["x" * 48]]),
+    Case("million-char-openai-input", lambda: js({"input": MILLION}), 200, "", route="/v1/embeddings"),
+    Case("nul-and-control-tokens", lambda: js({"sentences": [["a\x00b", "\x01", "\x1f\x7f", "tab\tin"]],
+         "output": "layers"}), 200, "", served_like=[["a\x00b", "\x01", "\x1f\x7f", "tab\tin"]]),
+    Case("control-chars-in-text", lambda: js({"sentences": ["a\x00b \x07c\x1b"], "output": "layers"}), 200, "",
+         served_like=[["ab", "c"]]),  # Moses deletes ASCII control characters
+    # Over a request limit: 413 naming the limit, before any tokenizing or encoding.
+    Case("100k-sentences", lambda: js({"sentences": [["a"]] * 100_000}), 413, "sentences"),
+    Case("100k-texts", lambda: js({"sentences": ["a b"] * 100_000}), 413, "sentences"),
+    Case("100k-openai-inputs", lambda: js({"input": ["a"] * 100_000}), 413, "input", route="/v1/embeddings"),
+    Case("20k-token-sentence", lambda: js({"sentences": [["a"], ["a"] * 20_000]}), 413, "sentences[1]"),
+    Case("20k-word-text", lambda: js({"sentences": [" ".join(["U.S.", "don't", "(x)"] * 7000)]}), 413,
+         "sentences[0]"),  # Moses would take seconds on it
+    Case("more-tokens-than-the-queue", lambda: js({"sentences": [["a"] * 200] * 512}), 413, "sentences"),
+    Case("body-over-8-MiB", lambda: js({"sentences": [["x" * 1000] * 9000]}), 413, "body"),
+    Case("body-over-8-MiB-chunked", lambda: iter([b'{"sentences": [["'] + [b"x" * 65536] * 140 + [b'"]]}']), 413,
+         "body"),
+    # Text that is not valid Unicode or JSON.
+    Case("raw-nul-in-json", lambda: b'{"sentences": [["a\x00b"]]}', 422, "body"),
+    Case("lone-surrogate-token", lambda: b'{"sentences": [["ok"], ["a", "\\ud800"]]}', 422, "sentences[1]"),
+    Case("lone-surrogate-text", lambda: b'{"sentences": ["abc \\udfff"]}', 422, "sentences[0]"),
+    Case("lone-surrogate-openai", lambda: b'{"input": ["fine", "\\udbff"]}', 422, "input[1]",
+         route="/v1/embeddings"),
+    Case("invalid-utf8", lambda: b'{"sentences": [["\xff\xfe"]]}', 422, "body"),
+    Case("overlong-utf8", lambda: b'{"sentences": [["\xc0\xaf"]]}', 422, "body"),
+    Case("truncated-utf8", lambda: b'{"sentences": [["\xe2\x82"]]}', 422, "body"),
+    Case("utf8-encoded-surrogate", lambda: b'{"sentences": [["\xed\xa0\x80"]]}', 422, "sentences[0]"),
+    Case("nested-5000-arrays", lambda: b'{"sentences": ' + nested(b"[", b"]") + b"}", 422, "body"),
+    Case("nested-5000-objects", lambda: b'{"sentences": ' + nested(b'{"a": ', b"}", b"1") + b"}", 422, "body"),
+    Case("nested-5000-openai", lambda: b'{"input": ' + nested(b"[", b"]") + b"}", 422, "body",
+         route="/v1/embeddings"),
+    Case("nested-500-arrays", lambda: b'{"sentences": ' + b"[" * 500 + b"]" * 500 + b"}", 422, "sentences"),
+    # Wrong types and shapes.
+    Case("sentences-object", lambda: js({"sentences": {"a": ["b"]}}), 422, "sentences"),
+    Case("token-number", lambda: js({"sentences": [["a", 1]]}), 422, "sentences"),
+    Case("output-number", lambda: js({"sentences": [["a"]], "output": 1}), 422, "output"),
+    Case("pooling-null", lambda: js({"sentences": [["a"]], "pooling": None}), 422, "pooling"),
+    Case("mixes-string", lambda: js({"sentences": [["a"]], "mixes": "two"}), 422, "mixes"),
+    Case("openai-input-object", lambda: js({"input": {"text": "a"}}), 422, "input", route="/v1/embeddings"),
+    Case("top-level-list", lambda: js([["a"]]), 422, "body"),
+    Case("top-level-string", lambda: js("a"), 422, "body"),
+    Case("top-level-null", lambda: b"null", 422, "body"),
+    Case("empty-body", lambda: b"", 422, "body"),
+    Case("empty-body-openai", lambda: b"", 422, "body", route="/v1/embeddings"),
+    Case("whitespace-body", lambda: b" \r\n\t ", 422, "body"),
+    # Huge and non-finite numbers.
+    Case("gamma-1e400", lambda: b'{"sentences": [["a"]], "gamma": 1e400}', 422, "gamma"),
+    Case("gamma-minus-1e400", lambda: b'{"sentences": [["a"]], "gamma": -1e400}', 422, "gamma"),
+    Case("weight-1e308", lambda: b'{"sentences": [["a"]], "weights": [1e308, 0, 0]}', 422, "weights"),
+    Case("nan-weight", lambda: b'{"sentences": [["a"]], "weights": [NaN, 0, 0]}', 422, "weights"),
+    Case("infinity-in-a-mix", lambda: b'{"sentences": [["a"]], "mixes": [{"gamma": Infinity}]}', 422, "mixes"),
+    Case("int-of-5000-digits", lambda: b'{"sentences": [["a"]], "output": "layers", "layers": [' + b"9" * 5000
+         + b"]}", 422, "body"),
+    Case("int-of-30-digits", lambda: b'{"sentences": [["a"]], "output": "layers", "layers": [' + b"9" * 30
+         + b"]}", 422, "layers[0]"),
+    Case("float-layer-1e30", lambda: b'{"sentences": [["a"]], "output": "layers", "layers": [1e30]}', 422,
+         "layers"),
+    # Lists that would multiply the answer, or the error report.
+    Case("10k-layers", lambda: js({"sentences": [["a"]], "output": "layers", "layers": [0] * 10_000}), 422,
+         "layers"),
+    Case("10k-mixes", lambda: js({"sentences": [["a"]], "mixes": [{}] * 10_000}), 422, "mixes"),
+    Case("1m-weights", lambda: js({"sentences": [["a"]], "weights": [0.0] * 1_000_000}), 422, "weights"),
+    Case("100k-wrong-tokens", lambda: js({"sentences": [[1] * 100_000]}), 422, "sentences"),
+    Case("100k-unknown-fields", lambda: js({"sentences": [["a"]], **{f"f{i}": 1 for i in range(100_000)}}), 422,
+         "f0"),
+    Case("megabyte-field-name", lambda: js({"sentences": [["a"]], MILLION: 1}), 422, "x" * 64 + "..."),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("hostile")) as s:  # the default limits
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def layers_of(item: dict) -> np.ndarray:
+    return np.asarray(item["embedding"], dtype=np.float32)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_body(client, engine, case):
+    content = case.body()
+    start = time.monotonic()
+    response = client.post(case.route, content=content, headers={"content-type": "application/json"})
+    seconds = time.monotonic() - start
+    assert response.status_code == case.status, response.text[:500]
+    assert response.headers["content-type"].startswith("application/json")
+    assert seconds < ANSWER_S
+    if case.status == 200:
+        if case.served_like is not None:
+            data = response.json()["data"]
+            want = engine.run(case.served_like)
+            for item, expected in zip(data, want, strict=True):
+                np.testing.assert_allclose(layers_of(item), expected, rtol=0, atol=1e-6)
+    else:
+        detail = response.json()["detail"]
+        assert isinstance(detail, str) and detail.startswith(case.field), detail[:500]
+        assert len(response.content) < 10_000  # the answer names the problem; it does not echo the body
+        if case.status == 413:
+            assert "limit" in detail
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_echoed_tokens_are_the_ones_sent(client):
+    # The million-character token comes back whole in `tokens` (the vectors use its first 48 bytes).
+    body = client.post("/embed", json={"sentences": [[MILLION, "\x00"]], "pooling": "mean", "encoding": "base64"})
+    item = body.json()["data"][0]
+    assert item["tokens"] == [MILLION, "\x00"] and item["shape"] == [32]
+    assert len(base64.b64decode(item["embedding"])) == 32 * 4
+
+
+def test_a_long_error_report_is_cut_and_counted(client):
+    response = client.post("/embed", json={"sentences": [[1] * 1000]})
+    body = response.json()
+    assert response.status_code == 422 and len(body["errors"]) == 10
+    assert body["more_errors"] == 991  # a wrong token per token, and one for "not a string either"
+
+
+def test_no_server_error_and_still_ready_after_all_of_them(client, server):
+    statuses = {
+        sample.labels["status"]
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == "elmo_requests_total"
+    }
+    assert statuses and not any(s.startswith("5") for s in statuses), statuses
+    assert client.get("/health/ready").status_code == 200
+    assert "Traceback" not in server.log.read_text()
+    assert rss_bytes(server.pid) < 1 << 30  # a million characters here and there, not gigabytes

@@ -1,0 +1,162 @@
+"""Overload and clients that leave, against real elmo-serve processes on 127.0.0.1: a flood of 100 clients gets
+only exact answers or 503 with Retry-After, never a lost or mixed-up one, while the queue and the memory stay
+within their bounds; a request whose client disconnects never reaches the engine; request bodies in flight
+are bounded together."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import time
+from collections import Counter
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.server import SlowBody, counter, rss_bytes, running_server
+
+CLIENTS, ROUNDS, PER_REQUEST = 100, 3, 3
+QUEUE_TOKENS = 1000  # about 12 of the flood's requests
+FLOOD = {"ELMO_QUEUE_TOKENS": str(QUEUE_TOKENS), "ELMO_BATCH_TOKENS": "512"}
+# What the server process may grow by while flooded (after a first flood has warmed it up): the queue's
+# share is tiny here (1000 tokens of 3 x 32 floats), the rest is 100 connections and their answers.
+RSS_GROWTH_BYTES = 32 << 20
+
+
+def flood_requests(sentences: list[list[str]]) -> list[list[list[list[str]]]]:
+    """Per client, per round, PER_REQUEST sentences no other request has (each ends in its own token)."""
+    return [
+        [
+            [[*sentences[(7 * k + 3 * j + m) % 30][: 5 + (k + m) % 40], f"c{k}r{j}s{m}"] for m in range(PER_REQUEST)]
+            for j in range(ROUNDS)
+        ]
+        for k in range(CLIENTS)
+    ]
+
+
+async def _flood(url: str, requests: list) -> tuple[list[list[httpx.Response]], int]:
+    """Every client sends its requests one after the other; returns the answers and the most tokens the
+    queue held at any scrape of /metrics meanwhile."""
+    limits = httpx.Limits(max_connections=CLIENTS + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+
+        async def client(own):
+            return [
+                await http.post("/embed", json={"sentences": r, "output": "layers", "encoding": "base64"}) for r in own
+            ]
+
+        async def watch(done: asyncio.Event) -> int:
+            most = 0
+            while not done.is_set():
+                lines = (await http.get("/metrics")).text.splitlines()
+                most = max(most, *(int(float(x.split()[1])) for x in lines if x.startswith("elmo_queue_tokens ")))
+                await asyncio.sleep(0.01)
+            return most
+
+        done = asyncio.Event()
+        watcher = asyncio.ensure_future(watch(done))
+        answers = await asyncio.gather(*(client(own) for own in requests))
+        done.set()
+        return answers, await watcher
+
+
+@pytest.fixture(scope="module")
+def flooded(tiny_model_dir, tmp_path_factory):
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("flood"), FLOOD) as s:
+        yield s
+
+
+def test_a_flood_gets_exact_answers_or_503_and_memory_stays_bounded(flooded, engine, sentences):
+    requests = flood_requests(sentences)
+    asyncio.run(_flood(flooded.url, [own[:1] for own in requests]))  # warm-up: allocations for 100 connections
+    with httpx.Client(base_url=flooded.url) as client:
+        rejected = counter(client, "elmo_rejected_total")
+    start_rss = rss_bytes(flooded.pid)
+    started = time.monotonic()
+    answers, most_queued = asyncio.run(_flood(flooded.url, requests))
+    seconds = time.monotonic() - started
+    end_rss = rss_bytes(flooded.pid)
+
+    statuses = Counter(r.status_code for own in answers for r in own)
+    assert sum(statuses.values()) == CLIENTS * ROUNDS  # none lost
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses[503] >= 1 and statuses[200] >= CLIENTS * ROUNDS // 10, statuses  # overloaded, and serving
+    served: list[tuple[list[str], np.ndarray]] = []
+    for own_requests, own_answers in zip(requests, answers, strict=True):
+        for sent, response in zip(own_requests, own_answers, strict=True):
+            if response.status_code == 503:
+                assert int(response.headers["retry-after"]) >= 1
+                assert response.json()["detail"].startswith("overloaded: ")
+                continue
+            data = response.json()["data"]
+            assert [item["tokens"] for item in data] == sent  # its own sentences, in its order
+            for item in data:
+                layers = np.frombuffer(base64.b64decode(item["embedding"]), "<f4").reshape(item["shape"])
+                served.append((item["tokens"], layers))
+    want = [w for k in range(0, len(served), 64) for w in engine.run([s for s, _ in served[k : k + 64]])]
+    for (_, got), expected in zip(served, want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)  # the numbers of its own sentences
+
+    assert most_queued <= QUEUE_TOKENS
+    print(
+        f"flood: {statuses[200]} x 200, {statuses[503]} x 503 in {seconds:.1f} s; RSS {start_rss >> 20} MiB -> "
+        f"{end_rss >> 20} MiB; the queue held at most {most_queued} of {QUEUE_TOKENS} tokens"
+    )
+    assert end_rss - start_rss < RSS_GROWTH_BYTES
+    with httpx.Client(base_url=flooded.url) as client:
+        assert counter(client, "elmo_queue_tokens") == 0  # nothing left behind
+        assert counter(client, "elmo_rejected_total") == rejected + statuses[503]
+
+
+def test_a_request_whose_client_left_never_reaches_the_engine(tiny_model_dir, tmp_path, engine):
+    # An idle engine waits up to 1.5 s for company before a batch that is not full: the request waits in the queue.
+    with (
+        running_server(tiny_model_dir, tmp_path, {"ELMO_MAX_WAIT_MS": "1500", "ELMO_GATHER_MS": "0"}) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        batches, sentences = counter(client, "elmo_batch_sentences_count"), counter(client, "elmo_batch_sentences_sum")
+        gone = counter(client, "elmo_requests_total", route="/embed", status="499")
+        body = json.dumps({"sentences": [["left", "before", "its", "answer"]] * 3}).encode()
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(
+            b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        sent = time.monotonic()
+        deadline = sent + 0.5
+        while counter(client, "elmo_queue_tokens") == 0:  # queued
+            assert time.monotonic() < deadline
+        sock.close()  # the client leaves
+        while counter(client, "elmo_requests_total", route="/embed", status="499") == gone:
+            assert time.monotonic() < sent + 1.2, "the server did not notice the client leave in time"
+            time.sleep(0.01)
+        assert counter(client, "elmo_queue_tokens") == 0  # out of the queue at once
+        time.sleep(max(0.0, sent + 1.8 - time.monotonic()))  # past the wait: it would have run by now
+        assert counter(client, "elmo_batch_sentences_count") == batches  # no batch ran
+        assert counter(client, "elmo_batch_sentences_sum") == sentences
+        response = client.post("/embed", json={"sentences": [["still", "serving"]], "output": "layers"})
+        assert response.status_code == 200
+        np.testing.assert_allclose(
+            np.asarray(response.json()["data"][0]["embedding"]), engine.run([["still", "serving"]])[0], atol=1e-6
+        )
+        assert counter(client, "elmo_batch_sentences_sum") == sentences + 1  # just the one sentence
+        assert "Traceback" not in server.log.read_text()
+
+
+def test_request_bodies_in_flight_are_bounded_together(tiny_model_dir, tmp_path):
+    settings = {"ELMO_MAX_BODY_BYTES": "200000", "ELMO_MAX_INFLIGHT_BYTES": "250000"}
+    body = json.dumps({"sentences": [["x" * 1000] * 150]}).encode()  # 150 kB
+    with running_server(tiny_model_dir, tmp_path, settings) as server:
+        holding = SlowBody(server.port, "POST", "/embed", body, first=0.9)  # 135 kB held, the rest to come
+        time.sleep(0.2)
+        refused = httpx.post(f"{server.url}/embed", content=body, headers={"content-type": "application/json"})
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+        assert refused.json()["detail"].startswith("overloaded: request bodies in flight")
+        status, _, _ = holding.finish()
+        assert status == 200
+        again = httpx.post(f"{server.url}/embed", content=body, headers={"content-type": "application/json"})
+        assert again.status_code == 200  # released with its request

@@ -1,0 +1,120 @@
+"""Stopping a real elmo-serve with SIGTERM while it is busy: it stops accepting connections, /health/ready turns
+503, every request in flight is answered with the right numbers, and the process exits 0 within the drain bound."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+
+from tests.server import SlowBody, counter, free_port, launch, wait_ready
+
+DRAIN_S = 20
+LONG = 1000  # tokens per sentence of the slow requests: each is a batch of its own (ELMO_BATCH_TOKENS)
+SETTINGS = {"ELMO_BATCH_TOKENS": str(LONG + 2), "ELMO_DRAIN_S": str(DRAIN_S), "ELMO_GATHER_MS": "0"}
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def layers(item: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(item["embedding"]), "<f4").reshape(item["shape"])
+
+
+def test_sigterm_while_busy_answers_everything_in_flight_then_exits_0(tiny_model_dir, tmp_path, engine, sentences):
+    port, log = free_port(), tmp_path / "server.log"
+    url = f"http://127.0.0.1:{port}"
+    proc = launch(tiny_model_dir, log, SETTINGS, port)
+    try:
+        wait_ready(proc, url, log)
+        words = list(itertools.chain(*sentences))
+        own = [[*itertools.islice(itertools.cycle(words), k, k + LONG - 1), f"request-{k}"] for k in range(24)]
+        requests = [own[k : k + 6] for k in range(0, 24, 6)]  # 4 requests of 6 sentences: 24 engine batches
+        done_at: dict[int, float] = {}
+
+        def post(k: int) -> httpx.Response:
+            body = {"sentences": requests[k], "output": "layers", "encoding": "base64"}
+            response = httpx.post(f"{url}/embed", json=body, timeout=120)
+            done_at[k] = time.monotonic()
+            return response
+
+        slow_embed = SlowBody(port, "POST", "/embed", json.dumps({"sentences": [["slow", "body"]]}).encode())
+        slow_ready = SlowBody(port, "GET", "/health/ready", b"{}")  # a body, so it is in flight until finished
+        metrics = httpx.Client(base_url=url)
+        before = counter(metrics, "elmo_inference_seconds_count")
+        with ThreadPoolExecutor(len(requests)) as pool:
+            futures = [pool.submit(post, k) for k in range(len(requests))]
+            deadline = time.monotonic() + 30
+            # The engine is on them: they are in flight.
+            while counter(metrics, "elmo_inference_seconds_count") < before + 2:
+                assert time.monotonic() < deadline, "the requests never reached the engine"
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            term_at = time.monotonic()
+
+            deadline = time.monotonic() + 5
+            while not refused(port):
+                assert time.monotonic() < deadline, "still accepting connections 5 s after SIGTERM"
+                time.sleep(0.02)
+            assert proc.poll() is None  # refusing new connections, still finishing the old ones
+
+            status, headers, body = slow_ready.finish()  # draining: not ready
+            assert status == 503 and json.loads(body) == {"status": "draining"} and headers["retry-after"]
+            status, _, body = slow_embed.finish()  # got in before the signal: served
+            assert status == 200, body
+            (item,) = json.loads(body)["data"]
+            assert item["tokens"] == ["slow", "body"]
+            want_mix = engine.run([["slow", "body"]])[0].mean(axis=0)  # the default mix: the mean of the layers
+            np.testing.assert_allclose(np.asarray(item["embedding"]), want_mix, rtol=0, atol=1e-6)
+            responses = [f.result() for f in futures]
+
+        assert max(done_at.values()) > term_at  # some of them were still computing when the signal came
+        want = engine.run(own)
+        for k, response in enumerate(responses):
+            assert response.status_code == 200, response.text
+            data = response.json()["data"]
+            assert [item["tokens"] for item in data] == requests[k]
+            for item, expected in zip(data, want[6 * k : 6 * k + 6], strict=True):
+                np.testing.assert_allclose(layers(item), expected, rtol=0, atol=1e-6)
+
+        assert proc.wait(timeout=DRAIN_S + 10) == 0
+        assert time.monotonic() - term_at < DRAIN_S
+        text = log.read_text()
+        assert "draining" in text and "Traceback" not in text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_request_still_running_after_the_drain_bound_is_cut_with_503(tiny_model_dir, tmp_path):
+    port, log = free_port(), tmp_path / "server.log"
+    url = f"http://127.0.0.1:{port}"
+    proc = launch(tiny_model_dir, log, {"ELMO_DRAIN_S": "1"}, port)
+    try:
+        wait_ready(proc, url, log)
+        stalled = SlowBody(port, "POST", "/embed", json.dumps({"sentences": [["never", "sent"]]}).encode())
+        time.sleep(0.2)  # its headers are in: uvicorn holds the connection open for it
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert time.monotonic() - start < 1 + 5
+        status, headers, body = stalled.finish()  # cut off: told to go elsewhere, not a 500
+        assert status == 503 and headers["retry-after"] == "1" and b"shutting down" in body, body
+        assert "Traceback" not in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
