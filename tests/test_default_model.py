@@ -1,0 +1,35 @@
+"""The embedded default model as committed: within its size budget, complete, and loadable in the published layout."""
+
+from pathlib import Path
+
+import numpy as np
+
+from model_export.export import torch_layers
+from model_export.vocab import Vocabulary
+from model_export.weights import load_bilm
+
+DEFAULT = Path(__file__).resolve().parents[1] / "models" / "default"
+BUDGET_BYTES = 20 * 1000 * 1000
+
+
+def test_size_budget_and_files():
+    files = {p.name: p.stat().st_size for p in DEFAULT.iterdir()}
+    assert {"options.json", "weights.hdf5", "vocab.txt", "softmax.hdf5", "MODEL_CARD.md", "training_curve.png"} <= set(
+        files
+    )
+    assert sum(files.values()) <= BUDGET_BYTES, files
+
+
+def test_loads_in_the_published_layout_with_a_real_architecture():
+    bilm = load_bilm(DEFAULT / "options.json", DEFAULT / "weights.hdf5")
+    opt = bilm.options
+    assert opt.n_layers >= 2 and opt.skip_connections and opt.proj_dim < opt.cell_dim
+    (layers,) = torch_layers(bilm, [["The", "bank", "of", "the", "river", "."]])
+    assert layers.shape == (opt.n_layers + 1, 6, opt.output_dim) and np.isfinite(layers).all()
+    assert len(Vocabulary.load(DEFAULT / "vocab.txt")) == 16000
+
+
+def test_model_card_reports_the_perplexity_table():
+    card = (DEFAULT / "MODEL_CARD.md").read_text()
+    for row in ("zero initial state", "warm initial state", "Kneser-Ney bigram"):
+        assert row in card
