@@ -37,8 +37,9 @@ serve: install $(DEFAULT_MODEL)/manifest.json
 	$(BIN)/elmo-serve --model $(DEFAULT_MODEL)
 
 # The embedded default model, trained from scratch (README: "Training the default model"): WordNet's glosses
-# (Debian package wordnet-base) as text, then about 40 minutes of elmo-train on one core. Copy the result to
-# models/default/ by hand after reading its model card.
+# (Debian package wordnet-base) as text, then about 70 minutes of elmo-train on one core. Copy the result to
+# models/default/ by hand after reading its model card; the committed card adds by hand the data's licence, the
+# word-sense figures of bench/senses and how the run went.
 CORPUS := build/corpus
 $(CORPUS)/train.txt: model_export/corpus.py | install
 	$(BIN)/python -m model_export.corpus --out $(CORPUS)

@@ -2,7 +2,8 @@
 the same vocabulary (<UNK> for the rest) and the same predictions (`<S> w_1 .. w_n </S>`: n + 1 words each way).
 
     P(w | v) = max(c(v, w) - d, 0) / c(v) + d * N1+(v, .) / c(v) * P_cont(w),
-    P_cont(w) = N1+(., w) / N1+(., .)     (in how many contexts w was seen, not how often)
+    P_cont(w) = N1+(., w) / N1+(., .)     (in how many contexts w was seen, not how often; each N1+(., w)
+                                           gets +0.5 so that a word never seen after any context keeps some mass)
 """
 
 from __future__ import annotations

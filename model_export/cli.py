@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from model_export.export import ExportError, export_published
+from model_export.train import train
 
 
 def export_main(argv: list[str] | None = None) -> int:
@@ -40,14 +42,7 @@ def export_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(export_main())
-
-
 def train_main(argv: list[str] | None = None) -> int:
-    from pathlib import Path
-
-    from model_export.train import train
 
     parser = argparse.ArgumentParser(
         prog="elmo-train",
@@ -77,3 +72,7 @@ def train_main(argv: list[str] | None = None) -> int:
     ppl = log["heldout_perplexity"]["bilm_zero_state"]
     print(f"wrote {args.out}: held-out perplexity forward {ppl['forward']}, backward {ppl['backward']}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(export_main())

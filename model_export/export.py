@@ -72,13 +72,12 @@ def save_onnx(model_proto: onnx.ModelProto, path: Path) -> None:
         onnx.save_model(model_proto, path, save_as_external_data=True, location=path.name + ".data")
 
 
-def export_model(
-    model: BiLM, out_dir: str | Path, sources: dict[str, Path] | None = None, initial_state: str = "zero"
-) -> dict:
-    """Write `model` to out_dir as model.onnx + manifest.json after the parity check; returns the manifest.
-    `initial_state` names the state the model's h0/c0 buffers hold ("zero", or "warm" set by the caller)."""
+def export_model(model: BiLM, out_dir: str | Path, sources: dict[str, Path] | None = None) -> dict:
+    """Write `model` to out_dir as model.onnx + manifest.json after the parity check; returns the manifest."""
     out_dir = Path(out_dir)
     opt = model.options
+    cells = [*model.forward_lstm.layers, *model.backward_lstm.layers]
+    initial_state = "warm" if any(bool(c.h0.any() or c.c0.any()) for c in cells) else "zero"
     with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
         tmp = Path(tmp)
         model_proto = build_onnx_model(model)
@@ -131,4 +130,4 @@ def export_published(
         return export_model(model, out_dir, sources)
     sentences = [line.split() for line in Path(warmup_text).read_text(encoding="utf-8").splitlines() if line.strip()]
     model.set_initial_state(mean_final_state(model, sentences))
-    return export_model(model, out_dir, sources | {"warmup_text": Path(warmup_text)}, initial_state="warm")
+    return export_model(model, out_dir, sources | {"warmup_text": Path(warmup_text)})

@@ -44,7 +44,7 @@ class TokenTable:
 
     def encode(self, sentence: Sequence[str]) -> np.ndarray:
         """`<S> sentence </S>` as type ids, int32."""
-        ids = [self.ids.get(w) if w in self.ids else self._add(w) for w in sentence]
+        ids = [self.ids[w] if w in self.ids else self._add(w) for w in sentence]
         return np.array([self.ids[BOS], *ids, self.ids[EOS]], dtype=np.int32)
 
     def tensors(self) -> tuple[Tensor, Tensor]:

@@ -96,6 +96,15 @@ def make_batches(rows: list[np.ndarray], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
+def run_fingerprint(corpus: list[Path], heldout: list[Path] | None, init: Path | None, config: str) -> dict:
+    """What a checkpoint must match to be resumed: the same text files (name and size), --init and --config."""
+
+    def files(paths):
+        return [[Path(p).name, Path(p).stat().st_size] for p in paths or []]
+
+    return {"corpus": files(corpus), "heldout": files(heldout), "init": str(init) if init else None, "config": config}
+
+
 def lr_factor(step: int, warmup: int, total: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
@@ -104,8 +113,11 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 
 
 class Trainer:
-    def __init__(self, model: BiLanguageModel, vocab: Vocabulary, config: TrainingConfig, out_dir: Path):
+    def __init__(
+        self, model: BiLanguageModel, vocab: Vocabulary, config: TrainingConfig, out_dir: Path, fingerprint: dict
+    ):
         self.model, self.vocab, self.config, self.out_dir = model, vocab, config, out_dir
+        self.fingerprint = fingerprint  # which run a checkpoint belongs to
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
         self.state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "train_seconds": 0.0}
         self.history: dict[str, list] = {"loss": [], "epochs": []}
@@ -121,6 +133,7 @@ class Trainer:
             "config": asdict(self.config),
             "options": self.model.bilm.options.to_dict(),
             "rng": torch.get_rng_state(),
+            "fingerprint": self.fingerprint,
         }
         tmp = self.out_dir / (CHECKPOINT + ".tmp")
         torch.save(payload, tmp)
@@ -215,7 +228,10 @@ def init_from(model: BiLanguageModel, init_dir: Path) -> bool:
         return False
     with h5py.File(init_dir / "softmax.hdf5", "r") as f:
         state = {name: torch.from_numpy(f[name][...].astype(np.float32)) for name in model.softmax.state_dict()}
-    model.softmax.load_state_dict(state)
+    try:
+        model.softmax.load_state_dict(state)
+    except RuntimeError as err:  # shapes that do not match its options.json or vocab.txt
+        raise ValueError(f"{init_dir / 'softmax.hdf5'} does not fit {init_dir / 'vocab.txt'}: {err}") from err
     return True
 
 
@@ -298,11 +314,18 @@ def train(
     if not train_sentences or not heldout_sentences:
         raise ValueError("the corpus needs training and held-out sentences (give --heldout or more lines)")
 
+    fingerprint = run_fingerprint(corpus, heldout, init, config)
     checkpoint = torch.load(out_dir / CHECKPOINT, weights_only=False) if (out_dir / CHECKPOINT).exists() else None
     if checkpoint is not None:
+        if checkpoint.get("fingerprint", fingerprint) != fingerprint:
+            raise ValueError(
+                f"{out_dir / CHECKPOINT} belongs to another run (its corpus, held-out text, --config or --init "
+                "differ): choose another --out, or delete the checkpoint to start over"
+            )
         vocab = Vocabulary(checkpoint["vocab"])
         options = BiLMOptions.from_dict(checkpoint["options"])
-        cfg = replace(TrainingConfig.from_dict(checkpoint["config"]), epochs=cfg.epochs)
+        saved = TrainingConfig.from_dict(checkpoint["config"])
+        cfg = replace(saved, epochs=epochs) if epochs is not None else saved  # more epochs continue the run
     elif init is not None and can_continue_softmax(init):
         vocab = Vocabulary.load(init / "vocab.txt")  # new words are still read, through their characters
     else:
@@ -314,7 +337,7 @@ def train(
     table = TokenTable(vocab, options.max_chars)
     train_rows = [table.encode(s) for s in train_sentences]
     heldout_rows = [table.encode(s) for s in heldout_sentences]
-    trainer = Trainer(model, vocab, cfg, out_dir)
+    trainer = Trainer(model, vocab, cfg, out_dir, fingerprint)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
         print(
@@ -420,7 +443,7 @@ def model_card(log: dict, out_dir: Path) -> str:
         "",
         f"Over {ppl['bilm_zero_state']['predictions']} predictions per direction (every word and the sentence end).",
         "The warm state is the mean final LSTM state over "
-        f"{WARMUP_SENTENCES} training sentences (`elmo-export --initial-state warm`).",
+        f"{min(WARMUP_SENTENCES, log['train_sentences'])} training sentences (`elmo-export --initial-state warm`).",
         "",
         "![training curve](training_curve.png)",
         "",

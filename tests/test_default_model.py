@@ -1,5 +1,6 @@
 """The embedded default model as committed: within its size budget, complete, and loadable in the published layout."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,12 @@ def test_loads_in_the_published_layout_with_a_real_architecture():
     assert len(Vocabulary.load(DEFAULT / "vocab.txt")) == 16000
 
 
-def test_model_card_reports_the_perplexity_table():
+def test_model_card_reports_the_training_log():
     card = (DEFAULT / "MODEL_CARD.md").read_text()
-    for row in ("zero initial state", "warm initial state", "Kneser-Ney bigram"):
-        assert row in card
+    log = json.loads((DEFAULT / "train_log.json").read_text())
+    ppl = log["heldout_perplexity"]
+    for row, key in [("zero initial state", "bilm_zero_state"), ("warm initial state", "bilm_warm_state"),
+                     ("Kneser-Ney bigram", "kneser_ney_bigram")]:  # fmt: skip
+        assert f"{row}" in card and f"| {ppl[key]['forward']} | {ppl[key]['backward']} |" in card, row
+    assert f"{log['steps']} steps" in card and f"{log['train_seconds'] / 60:.1f} min" in card
+    assert f"{log['train_tokens']} tokens" in card

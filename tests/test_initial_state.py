@@ -15,7 +15,9 @@ from service.chars import sentence_char_ids
 from service.engine import Engine
 from tests.conftest import max_error
 
+# Lengths 7, 5, 6, 1, and 70 sentences of length 3: groups of one, and a group larger than a batch of 64.
 WARMUP = ["The cat sat on the mat .", "A bank by the river", "Colorless green ideas sleep furiously .", "Hello"]
+WARMUP += [f"word{i} and more" for i in range(70)]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +55,8 @@ def test_mean_final_state_is_the_mean_of_each_sentences_last_state(tiny_bilm):
                     want[index][1] += c_last[0] / len(sentences)
                     x = h + x if k > 0 else h
     for (h, c), (wh, wc) in zip(got, want, strict=True):
-        np.testing.assert_allclose(h.numpy(), wh.numpy(), atol=1e-6)
-        np.testing.assert_allclose(c.numpy(), wc.numpy(), atol=1e-6)
+        np.testing.assert_allclose(h.numpy(), wh.numpy(), atol=1e-5)  # float32 sums in another order
+        np.testing.assert_allclose(c.numpy(), wc.numpy(), atol=1e-5)
     assert all(float(h.abs().max()) > 1e-3 for h, _ in got)  # not the zero state
     assert float(tiny_bilm.forward_lstm.layers[0].h0.abs().max()) == 0  # and the model was left as it was
 

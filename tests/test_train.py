@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import h5py
@@ -18,7 +19,7 @@ from model_export.bigram import KneserNeyBigram
 from model_export.export import torch_layers
 from model_export.language_model import BiLanguageModel, TokenTable, pad_batch
 from model_export.options import load_options
-from model_export.train import TrainingConfig, load_config, lr_factor, make_batches, train
+from model_export.train import Trainer, TrainingConfig, load_config, lr_factor, make_batches, train
 from model_export.vocab import Vocabulary
 from model_export.weights import load_bilm
 
@@ -93,7 +94,7 @@ def test_output_folder(trained):
     assert vocab.words[:3] == ["</S>", "<S>", "<UNK>"] and set(WORDS) <= set(vocab.words)
 
 
-def test_written_weights_load_back_and_export(trained, tmp_path):
+def test_written_weights_load_back_with_the_checkpoints_vectors(trained, tmp_path):
     """The published layout: our loader reads it back, and the same vectors come out of the checkpoint."""
     out, _ = trained
     bilm = load_bilm(out / "options.json", out / "weights.hdf5")
@@ -108,41 +109,87 @@ def test_written_weights_load_back_and_export(trained, tmp_path):
         assert "char_embed" in f and "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_0" in f
 
 
-def test_resume_continues_where_it_stopped(corpus, trained, tmp_path):
-    """Two epochs, then a rerun asking for three: it starts at epoch 3 from the checkpoint and ends with the same
-    weights as three epochs in one go."""
-    train([corpus], tmp_path, "tiny", epochs=2)
-    log = train([corpus], tmp_path, "tiny", epochs=3)
-    assert [e["epoch"] for e in log["history"]["epochs"]] == [1, 2, 3]
-    # The cosine schedule depends on the total, so the resumed run differs from the straight one after epoch 2,
-    # but everything before the checkpoint is identical.
-    straight = trained[1]["history"]["epochs"]
-    short = json.loads(json.dumps(log["history"]["epochs"][:2]))
-    assert short[0]["step"] == straight[0]["step"]
-    with h5py.File(tmp_path / "weights.hdf5") as f:
-        assert np.isfinite(f["CNN_proj/W_proj"][...]).all()
+@pytest.fixture(scope="module")
+def dropout_config(tmp_path_factory) -> str:
+    """tiny, with dropout (so the RNG state matters) and a checkpoint after every batch."""
+    _, opt, cfg = load_config("tiny")
+    path = tmp_path_factory.mktemp("config") / "tiny-dropout.json"
+    training = asdict(replace(cfg, dropout=0.2, checkpoint_minutes=0.0))
+    path.write_text(json.dumps({"options": opt.to_dict(), "training": training}))
+    return str(path)
 
 
-def test_resume_of_a_finished_run_trains_no_more(corpus, trained):
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_mid_epoch_gives_the_same_weights_as_an_uninterrupted_run(corpus, dropout_config, tmp_path, monkeypatch):
+    """Killed after 30 steps (mid-epoch 2), rerun: the same batches, dropout masks and optimizer state, so the
+    same final weights, bit for bit, as one run from start to end."""
+    straight = train([corpus], tmp_path / "straight", dropout_config, epochs=2)
+    real_step = Trainer._step
+
+    def step_then_fail(self, *args):
+        if self.state["step"] == 30:
+            raise Interrupted
+        real_step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_step", step_then_fail)
+    with pytest.raises(Interrupted):
+        train([corpus], tmp_path / "resumed", dropout_config, epochs=2)
+    monkeypatch.setattr(Trainer, "_step", real_step)
+    resumed = train([corpus], tmp_path / "resumed", dropout_config)  # the same command, the epochs from the checkpoint
+    assert resumed["steps"] == straight["steps"] > 30
+    assert resumed["history"]["epochs"] == straight["history"]["epochs"]
+    with h5py.File(tmp_path / "straight" / "weights.hdf5") as a, h5py.File(tmp_path / "resumed" / "weights.hdf5") as b:
+        for name in ("CNN_proj/W_proj", "RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/W_0"):
+            np.testing.assert_array_equal(a[name][...], b[name][...])
+
+
+def test_rerunning_a_finished_run_trains_no_more(corpus, trained, monkeypatch):
     out, log = trained
+    monkeypatch.setattr(Trainer, "_step", lambda *a: pytest.fail("a finished run trained again"))
     again = train([corpus], out, "tiny", epochs=3)
     assert again["steps"] == log["steps"]
     assert again["heldout_perplexity"]["bilm_zero_state"] == log["heldout_perplexity"]["bilm_zero_state"]
 
 
-def test_fine_tuning_adapts_to_new_text(trained, tmp_path):
-    """--init: start from the trained model; on text of a shifted distribution, fine-tuning beats the model
-    as it was on that text's held-out part."""
+def test_a_checkpoint_of_another_run_is_refused(trained, tmp_path):
+    out, _ = trained
+    other = write_corpus(tmp_path / "other.txt", 300, seed=1)
+    with pytest.raises(ValueError, match="belongs to another run"):
+        train([other], out, "tiny", epochs=3)
+
+
+def test_fine_tuning_continues_the_model_and_adapts_to_new_text(corpus, trained, tmp_path):
+    """--init loads the biLM, the softmax and the vocabulary: before any step the model already knows the toy
+    language (so it was loaded, not made anew); an epoch on text of another word order lowers that text's
+    held-out perplexity."""
     base, _ = trained
+    toy_held = write_corpus(tmp_path / "toy-held.txt", 40, seed=2)
+    loaded = train([corpus], tmp_path / "loaded", "tiny", init=base, epochs=0, heldout=[toy_held])
+    assert loaded["heldout_perplexity"]["bilm_zero_state"]["forward"] < (len(WORDS) + 3) / 3
     shifted = tmp_path / "shifted.txt"
     shifted.write_text("\n".join(["under the big mat a dog sat", "on a rug the cat ran quickly"] * 200))
-    tuned = train([shifted], tmp_path / "tuned", "tiny", init=base, epochs=1)
-    before = train([shifted], tmp_path / "zero-epochs", "tiny", init=base, epochs=0)
-    assert tuned["init"] == str(base) and tuned["vocab_size"] == before["vocab_size"]
-    assert (
-        tuned["heldout_perplexity"]["bilm_zero_state"]["forward"]
-        < before["heldout_perplexity"]["bilm_zero_state"]["forward"]
-    )
+    held = tmp_path / "held.txt"
+    held.write_text("under the small rug a cat ran\non the mat the dog sat slowly\n")
+    before = train([shifted], tmp_path / "zero-epochs", "tiny", init=base, epochs=0, heldout=[held])
+    tuned = train([shifted], tmp_path / "tuned", "tiny", init=base, epochs=1, heldout=[held])
+    ppl_before = before["heldout_perplexity"]["bilm_zero_state"]["forward"]
+    assert tuned["heldout_perplexity"]["bilm_zero_state"]["forward"] < ppl_before / 2
+    assert tuned["init"] == str(base) and tuned["vocab_size"] == len(Vocabulary.load(base / "vocab.txt"))
+
+
+def test_fine_tuning_a_published_model_gets_a_new_softmax(corpus, tiny_dir, tmp_path):
+    """A folder with only options.json + weights.hdf5 (a published ELMo): its biLM, a vocabulary from the new
+    text, a new softmax."""
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "options.json").write_text((tiny_dir / "options.json").read_text())
+    (published / "weights.hdf5").write_bytes((tiny_dir / "lm_weights.hdf5").read_bytes())
+    log = train([corpus], tmp_path / "out", "tiny", init=published, epochs=1)
+    assert log["options"] == load_options(published / "options.json").to_dict()
+    assert log["vocab_size"] == len(WORDS) + 3
 
 
 def test_cli_trains_and_rejects_a_bad_config(corpus, tmp_path):
