@@ -101,6 +101,16 @@ def counter(client: httpx.Client, name: str, **labels) -> float:
     return 0.0
 
 
+def answered_statuses(client: httpx.Client) -> set[str]:
+    """Every status the server has answered so far, from elmo_requests_total."""
+    return {
+        sample.labels["status"]
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == "elmo_requests_total"
+    }
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of a process (VmRSS in /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

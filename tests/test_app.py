@@ -12,10 +12,9 @@ import math
 import httpx
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import max_error
-from tests.server import Server, counter, running_server
+from tests.server import Server, answered_statuses, counter, running_server
 
 MAX_SENTENCES, MAX_TOKENS, MAX_BODY = 64, 400, 200_000
 SETTINGS = {
@@ -466,11 +465,6 @@ def test_by_default_no_keys_no_cors_and_no_request_text_in_the_log(client, serve
 
 def test_no_request_failed_on_the_server(client, server):
     """Last: nothing above made the server answer 5xx or log a traceback."""
-    statuses = {
-        sample.labels["status"]
-        for family in text_string_to_metric_families(client.get("/metrics").text)
-        for sample in family.samples
-        if sample.name == "elmo_requests_total"
-    }
+    statuses = answered_statuses(client)
     assert statuses and not any(s.startswith("5") for s in statuses), statuses
     assert "Traceback" not in server.log.read_text()

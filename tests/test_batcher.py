@@ -88,6 +88,18 @@ async def start_blocked(batcher: Batcher, recorder: Recorder) -> asyncio.Task:
     return blocker
 
 
+async def queued_behind_a_blocker(batcher: Batcher, recorder: Recorder, requests) -> list:
+    """Queue every request while the engine is held on a blocker, then let it go, so the batcher cuts them all
+    in one go; stops the batcher and returns the requests' results (without the blocker's)."""
+    blocker = await start_blocked(batcher, recorder)
+    tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
+    await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
+    recorder.release()
+    results = await asyncio.gather(blocker, *tasks)
+    await batcher.stop()
+    return results[1:]
+
+
 BLOCKER = ["held", "on", "purpose"]
 WORDS = [
     "the",
@@ -170,13 +182,7 @@ def test_batches_respect_the_token_budget_and_are_length_sorted(engine):
         recorder = Recorder(engine)
         batcher = Batcher(recorder, batch_tokens, max_wait_s=0.0, queue_tokens=100_000, on_batch=stats.append)
         batcher.start()
-        blocker = await start_blocked(batcher, recorder)
-        tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
-        await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
-        recorder.release()
-        results = await asyncio.gather(blocker, *tasks)
-        await batcher.stop()
-        return recorder, results[1:]
+        return recorder, await queued_behind_a_blocker(batcher, recorder, requests)
 
     recorder, results = run(main)
     for sentences, got in zip(requests, results, strict=True):
@@ -224,13 +230,7 @@ def test_concurrent_small_requests_are_merged(engine):
         batcher.start()
         results = await asyncio.gather(*(batcher.embed(r) for r in requests))
         # While the engine is busy, more requests wait in the queue and go in one batch afterwards.
-        blocker = await start_blocked(batcher, recorder)
-        tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
-        await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
-        recorder.release()
-        later = await asyncio.gather(blocker, *tasks)
-        await batcher.stop()
-        return recorder, results, later[1:]
+        return recorder, results, await queued_behind_a_blocker(batcher, recorder, requests)
 
     recorder, results, later = run(main)
     # Arriving together: one engine call for all 16; behind a busy engine: the blocker's, then one more.
@@ -434,13 +434,7 @@ def test_an_out_of_memory_batch_is_answered_in_smaller_batches(engine):
         recorder = Recorder(SmallBatchesOnly(engine, rows=3))
         batcher = Batcher(recorder, batch_tokens=4096, max_wait_s=0.0, queue_tokens=100_000)
         batcher.start()
-        blocker = await start_blocked(batcher, recorder)
-        tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
-        await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
-        recorder.release()
-        results = await asyncio.gather(blocker, *tasks)
-        await batcher.stop()
-        return recorder, results[1:]
+        return recorder, await queued_behind_a_blocker(batcher, recorder, requests)
 
     recorder, results = run(main)
     for sentences, got in zip(requests, results, strict=True):

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server import rss_bytes, running_server
+from tests.server import answered_statuses, rss_bytes, running_server
 
 ANSWER_S = 10  # the slowest row answers in well under a second here; a hang or a quadratic path does not
 MILLION = "x" * 1_000_000
@@ -172,12 +171,7 @@ def test_a_long_error_report_is_cut_and_counted(client):
 
 
 def test_no_server_error_and_still_ready_after_all_of_them(client, server):
-    statuses = {
-        sample.labels["status"]
-        for family in text_string_to_metric_families(client.get("/metrics").text)
-        for sample in family.samples
-        if sample.name == "elmo_requests_total"
-    }
+    statuses = answered_statuses(client)
     assert statuses and not any(s.startswith("5") for s in statuses), statuses
     assert client.get("/health/ready").status_code == 200
     assert "Traceback" not in server.log.read_text()
