@@ -93,12 +93,17 @@ class LSTMStack(nn.Module):
         self.dropout = nn.Dropout(dropout)  # on each layer's input, in training only (elmo-train)
 
     def forward(self, x: Tensor) -> list[Tensor]:
-        outputs = []
+        return self.run(x)[0]
+
+    def run(self, x: Tensor) -> tuple[list[Tensor], list[tuple[Tensor, Tensor]]]:
+        """x (B, T, P) -> each layer's output (B, T, P), and each layer's state (h, c) after step T."""
+        outputs, states = [], []
         for k, layer in enumerate(self.layers):
-            h = layer(self.dropout(x))
+            h, state = layer.run(self.dropout(x))
             x = h + x if self.skip_connections and k > 0 else h
             outputs.append(x)
-        return outputs
+            states.append(state)
+        return outputs, states
 
 
 def reverse_each(x: Tensor, lengths: Tensor) -> Tensor:
@@ -138,7 +143,10 @@ class BiLM(nn.Module):
 
     def forward(self, chars: Tensor) -> Tensor:
         """chars (B, T, max_chars), sentence boundaries included, id 0 = padding -> layers (L+1, B, T, 2P)."""
-        batch, steps, max_chars = chars.shape
         lengths = (chars > 0).any(dim=-1).sum(dim=1)
-        x = self.token_encoder(chars.reshape(batch * steps, max_chars)).view(batch, steps, -1)
-        return self.contextualize(x, lengths)
+        return self.contextualize(self.token_vectors(chars), lengths)
+
+    def token_vectors(self, chars: Tensor) -> Tensor:
+        """chars (B, T, max_chars) -> the token layer x (B, T, P)."""
+        batch, steps, max_chars = chars.shape
+        return self.token_encoder(chars.reshape(batch * steps, max_chars)).view(batch, steps, -1)

@@ -15,20 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from model_export.bilm import BiLM, LSTMStack
+from model_export.bilm import BiLM
 from service.chars import sentence_char_ids
 
 BATCH = 64
-
-
-def _final_states(stack: LSTMStack, x: Tensor) -> list[tuple[Tensor, Tensor]]:
-    """x (B, T, P) with no padding -> each layer's final (h, c), summed over the batch."""
-    states = []
-    for k, layer in enumerate(stack.layers):
-        h, (h_last, c_last) = layer.run(x)
-        states.append((h_last.sum(dim=0), c_last.sum(dim=0)))
-        x = h + x if stack.skip_connections and k > 0 else h
-    return states
 
 
 @torch.no_grad()
@@ -48,10 +38,9 @@ def mean_final_state(bilm: BiLM, sentences: list[list[str]]) -> list[tuple[Tenso
         for start in range(0, len(group), BATCH):
             chunk = group[start : start + BATCH]
             chars = torch.from_numpy(np.stack([sentence_char_ids(s, bilm.options.max_chars) for s in chunk]))
-            b, t, c = chars.shape
-            x = bilm.token_encoder(chars.reshape(b * t, c).long()).view(b, t, -1)
-            states = _final_states(bilm.forward_lstm, x) + _final_states(bilm.backward_lstm, x.flip(1))
-            flat = [v for pair in states for v in pair]
+            x = bilm.token_vectors(chars.long())
+            states = bilm.forward_lstm.run(x)[1] + bilm.backward_lstm.run(x.flip(1))[1]
+            flat = [v.sum(dim=0) for pair in states for v in pair]  # summed over the batch
             totals = flat if totals is None else [a + v for a, v in zip(totals, flat, strict=True)]
     bilm.set_initial_state(saved)
     bilm.train(was_training)
