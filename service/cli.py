@@ -7,7 +7,7 @@ import logging
 import socket
 import sys
 
-from service.bulk import InputError, Shard, embed_file
+from service.bulk import ALL_LINES, InputError, Shard, embed_file
 from service.engine import Engine
 
 
@@ -34,7 +34,7 @@ def embed_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shard",
         type=_shard,
-        default=Shard(),
+        default=ALL_LINES,
         metavar="I/N",
         help="embed only the lines k with k mod N == I (lines and I counted from 0), keeping their line indexes "
         "as keys: N jobs with --shard 0/N ... N-1/N cover the input exactly once",
