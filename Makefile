@@ -30,7 +30,7 @@ test: install lint
 
 # Export the embedded default model once (again when its files change), then serve it on 127.0.0.1:8000
 # (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply).
-$(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 | install
+$(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 model_export/onnx_graph.py | install
 	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out $(DEFAULT_MODEL)
 
 serve: install $(DEFAULT_MODEL)/manifest.json

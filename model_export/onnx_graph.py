@@ -6,7 +6,7 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
 
 * unique tokens only: the char-CNN runs once per distinct token of the batch that the caller has not
   cached (`token_chars`, (U, max_chars)); `cached_vectors` (V, P) are token vectors the caller kept from
-  earlier batches (the output `token_vectors`); `token_index` (B, T) places rows of [encoded; cached];
+  earlier batches (the output `token_vectors`); `index_fwd` (B, T) places rows of [encoded; cached];
 * each layer's input-to-gate products for all time steps are one GEMM per direction before the loop
   (the bias folded in); both directions share one loop;
 * no work on padding: rows are sorted longest first inside the graph, the input GEMM runs on the real
@@ -14,13 +14,23 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
 * the per-step weights are 2-D constants of the loop body, which ONNX Runtime pre-packs once: a step with
   few rows does not re-pack 40 MB of weights, and every row rounds alike whatever the number of rows (a
   sentence's vectors are the same bits alone or in any batch);
-* the backward direction runs on each sentence reversed within its length (`ReverseSequence`), so
-  padding stays behind the real tokens in both directions and never reaches them.
+* the backward direction reads each sentence reversed (`index_bwd`), so padding stays behind the real
+  tokens in both directions and never reaches them;
+* it runs a window of positions of each sentence, from a given state: the whole sentence from the initial
+  state (`Engine.run`), or the next few positions of each sentence in flight, from where its last window
+  left it (service/stepper.py, continuous batching). Window by window or whole, a sentence's vectors are
+  the same bits.
 
 Inputs:  token_chars int32 (U, max_chars), U >= 1; cached_vectors float32 (V, P), V >= 0;
-         token_index int64 (B, T) into the U + V token vectors; lengths int64 (B,)
-         (T counts the boundary tokens <S> and </S>; lengths[b] <= T; positions past lengths[b] are padding)
-Outputs: layers float32 (L+1, B, T, 2P); token_vectors float32 (U, P), the char-CNN's output for token_chars
+         index_fwd, index_bwd int64 (B, T) into the U + V token vectors: each row's window of positions,
+         forward, and in the sentence reversed (the backward direction's positions); lengths int64 (B,)
+         (positions past lengths[b] are padding); start bool (B,): the row starts its sentence here, from the
+         model's initial state, else from the state inputs h_fwd0, c_fwd0, h_bwd0, c_bwd0, h_fwd1, ...
+         ((B, P) for h, (B, C) for c; ignored where start)
+Outputs: layers_fwd, layers_bwd float32 (L+1, B, T, P): each layer's output at the window's positions, the
+         backward ones in the reversed order they were read in (layer 0 is the token vectors);
+         h_fwd0_next, ...: each row's state after its last position; token_vectors float32 (U, P), the
+         char-CNN's output for token_chars
 """
 
 from __future__ import annotations
@@ -31,10 +41,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from model_export.bilm import FORGET_BIAS, BiLM
+from service.engine import GRAPH_VERSION  # noqa: F401  (re-exported: the version this module writes)
 
 OPSET = 17
 IR_VERSION = 8  # the IR of opset 17; onnx writes its newest by default, which older runtimes refuse
-GRAPH_VERSION = 4  # bumped whenever the graph changes (inputs, outputs or what it computes fast)
 
 
 class _Graph:
@@ -137,6 +147,7 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     opt = model.options
     g = _Graph()
     i64 = np.int64
+    f32 = TensorProto.FLOAT
     axis0, axis1 = g.const([0], "axis0", i64), g.const([1], "axis1", i64)
     one, true = g.const(1.0, "one"), g.const(True, "true", np.bool_)
 
@@ -144,14 +155,19 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     # are then the first active[t], and the loop computes only those.
     batch = g.op("Shape", "lengths")  # [B]
     lengths, order = g.op("TopK", "lengths", batch, axis=0, largest=1, sorted=1, outputs=2)
-    token_index = g.op("Gather", "token_index", order, axis=0)
+    rows = g.op("Range", g.const(0, "zero", i64), g.op("Squeeze", batch, axis0), g.const(1, "one_i", i64))
+    unsort = g.op("ScatterElements", g.op("ConstantOfShape", batch, value=_int64_zero()), order, rows, axis=0)
     encoded = _token_encoder(g, model, "token_chars")  # (U, P)
     g.op("Identity", encoded, out=["token_vectors"])
-    x = g.op("Gather", g.op("Concat", encoded, "cached_vectors", axis=0), token_index)  # (B, T, P)
-    x_tm = g.op("Transpose", x, perm=[1, 0, 2])  # (T, B, P) time-major
+    table = g.op("Concat", encoded, "cached_vectors", axis=0)
+    # Each direction reads its own positions (the backward one the sentence reversed), time-major (T, B, P).
+    inputs = [
+        g.op("Transpose", g.op("Gather", table, g.op("Gather", f"index_{d}", order, axis=0)), perm=[1, 0, 2])
+        for d in DIRECTIONS
+    ]
 
     # The packed layout of PyTorch's PackedSequence: real (t, b) positions in time-major order.
-    steps = g.op("Squeeze", g.op("Shape", x_tm, end=1), axis0)  # T
+    steps = g.op("Squeeze", g.op("Shape", inputs[0], end=1), axis0)  # T
     time = g.op("Range", g.const(0, "zero", i64), steps, g.const(1, "one_i", i64))
     running = g.op("Less", g.op("Unsqueeze", time, axis1), g.op("Unsqueeze", lengths, axis0))  # (T, B)
     active = g.op("ReduceSum", g.op("Cast", running, to=TensorProto.INT64), axis1, keepdims=0)  # (T,)
@@ -161,18 +177,21 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     packed_index = g.op("Add", g.op("Mul", t_idx, g.op("Squeeze", batch, axis0)), b_idx)  # (N,) into T*B
     flat_shape = g.const([-1, opt.proj_dim], "flat", i64)
     ones = g.op("Expand", one, g.op("Concat", g.op("Shape", packed_index), g.const([1], "n", i64), axis=0))  # (N, 1)
+    start = g.op("Unsqueeze", g.op("Gather", "start", order, axis=0), axis1)  # (B, 1)
 
-    # Both directions read the token vectors; the backward one each sentence reversed within its length.
-    inputs = [x_tm, g.op("ReverseSequence", x_tm, lengths, batch_axis=1, time_axis=0)]  # (T, B, P) each
-    state_shape = {
-        name: g.op("Concat", batch, g.const([size], "n", i64), axis=0)
-        for name, size in (("h", opt.proj_dim), ("c", opt.cell_dim))
-    }
-
-    layers = [g.op("Concat", x_tm, x_tm, axis=2)]  # (T, B, 2P)
+    graph_inputs = [
+        helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", opt.max_chars]),
+        helper.make_tensor_value_info("cached_vectors", f32, ["cached", opt.proj_dim]),
+        helper.make_tensor_value_info("index_fwd", TensorProto.INT64, ["batch", "time"]),
+        helper.make_tensor_value_info("index_bwd", TensorProto.INT64, ["batch", "time"]),
+        helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"]),
+        helper.make_tensor_value_info("start", TensorProto.BOOL, ["batch"]),
+    ]
+    graph_outputs = []
+    outputs = {d: [x] for d, x in zip(DIRECTIONS, inputs, strict=True)}  # layer 0: the token vectors
     for k, cells in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
         gates_x, states = [], []
-        for cell, x_d in zip(cells, inputs, strict=True):
+        for d, cell, x_d in zip(DIRECTIONS, cells, inputs, strict=True):
             bias = _np(cell.bias)[None, :]
             bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
             # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards
@@ -180,40 +199,29 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
             w_input = g.const(np.concatenate([_np(cell.w_input), bias]), f"w_input{k}")  # (P+1, 4C)
             packed = g.op("Gather", g.op("Reshape", x_d, flat_shape), packed_index)  # (N, P): real positions only
             gates_x.append(g.op("MatMul", g.op("Concat", packed, ones, axis=1), w_input))  # (N, 4C)
-            h0 = g.op("Expand", g.const(_np(cell.h0)[None, :], f"h0_{k}"), state_shape["h"])
-            c0 = g.op("Expand", g.const(_np(cell.c0)[None, :], f"c0_{k}"), state_shape["c"])
-            states += [h0, c0]
+            for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
+                name = f"{kind}_{d}{k}"
+                graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
+                graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
+                given = g.op("Gather", name, order, axis=0)
+                states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
         body = _loop_body(opt, cells, gates_x, active, offsets)
-        *_, fwd, bwd = g.op("Loop", steps, true, *states, outputs=6, body=body)  # scans (T, B, P)
+        *final, fwd, bwd = g.op("Loop", steps, true, *states, outputs=6, body=body)  # scans (T, B, P)
+        for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
+            g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last step
         if opt.skip_connections and k > 0:
             fwd, bwd = g.op("Add", fwd, inputs[0]), g.op("Add", bwd, inputs[1])
         inputs = [fwd, bwd]
-        backward = g.op("ReverseSequence", bwd, lengths, batch_axis=1, time_axis=0)
-        layers.append(g.op("Concat", fwd, backward, axis=2))
+        outputs["fwd"].append(fwd)
+        outputs["bwd"].append(bwd)
 
-    stacked = g.op("Concat", *[g.op("Unsqueeze", layer, axis0) for layer in layers], axis=0)  # (L+1, T, B, 2P)
-    sorted_layers = g.op("Transpose", stacked, perm=[0, 2, 1, 3])  # (L+1, B, T, 2P), rows longest first
-    rows = g.op("Range", g.const(0, "zero", i64), g.op("Squeeze", batch, axis0), g.const(1, "one_i", i64))
-    unsort = g.op("ScatterElements", g.op("ConstantOfShape", batch, value=_int64_zero()), order, rows, axis=0)
-    g.op("Gather", sorted_layers, unsort, axis=1, out=["layers"])
-
-    graph = helper.make_graph(
-        g.nodes,
-        "elmo_bilm",
-        [
-            helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", opt.max_chars]),
-            helper.make_tensor_value_info("cached_vectors", TensorProto.FLOAT, ["cached", opt.proj_dim]),
-            helper.make_tensor_value_info("token_index", TensorProto.INT64, ["batch", "time"]),
-            helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"]),
-        ],
-        [
-            helper.make_tensor_value_info(
-                "layers", TensorProto.FLOAT, [opt.num_output_layers, "batch", "time", opt.output_dim]
-            ),
-            helper.make_tensor_value_info("token_vectors", TensorProto.FLOAT, ["tokens", opt.proj_dim]),
-        ],
-        initializer=g.initializers,
-    )
+    shape = [opt.num_output_layers, "batch", "time", opt.proj_dim]
+    for d in DIRECTIONS:
+        stacked = g.op("Concat", *[g.op("Unsqueeze", x, axis0) for x in outputs[d]], axis=0)  # (L+1, T, B, P)
+        g.op("Gather", g.op("Transpose", stacked, perm=[0, 2, 1, 3]), unsort, axis=1, out=[f"layers_{d}"])
+        graph_outputs.append(helper.make_tensor_value_info(f"layers_{d}", f32, shape))
+    graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
+    graph = helper.make_graph(g.nodes, "elmo_bilm", graph_inputs, graph_outputs, initializer=g.initializers)
     model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="elmo-export")
     model_proto.ir_version = IR_VERSION
     return model_proto

@@ -32,6 +32,7 @@ from service.schemas import (
     OpenAIEmbeddingResponse,
 )
 from service.settings import Settings
+from service.stepper import Stepper
 from service.tokenize import min_tokens, tokenize
 
 log = logging.getLogger("elmo.service")
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError(message) from None
         batcher = Batcher(
             engine.run,
+            Stepper(engine, settings.window),
             settings.batch_tokens,
             settings.max_wait_ms / 1000,
             settings.queue_tokens,

@@ -10,6 +10,7 @@ are returned.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
 from collections import OrderedDict
@@ -24,6 +25,7 @@ import onnxruntime as ort
 from service.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids
 
 MANIFEST = "manifest.json"
+GRAPH_VERSION = 5  # the graph this engine feeds (model_export/onnx_graph.py writes it); bumped when its inputs change
 
 
 class TokenCache:
@@ -59,44 +61,52 @@ class TokenCache:
                 self._vectors.popitem(last=False)
 
 
-def encode_batch(
-    sentences: Sequence[Sequence[str]], max_chars: int, dim: int, cache: TokenCache | None = None
-) -> tuple[dict[str, np.ndarray], dict[str | bytes, int]]:
-    """The graph's inputs for a batch, and what it will encode (`char_key` -> row of `token_vectors`).
+def sentence_keys(sentence: Sequence[str], max_chars: int) -> list[str | bytes]:
+    """The sentence as the biLM reads it: <S>, each token's `char_key`, </S>."""
+    return [BOS_TOKEN, *(char_key(token, max_chars) for token in sentence), EOS_TOKEN]
 
-    Each distinct key appears once (tokens that differ only past the kept bytes share one): encoded from
-    its chars (`token_chars`), or taken from the cache (`cached_vectors`). The boundary tokens are always
-    encoded, so at least one row is."""
-    encode: dict[str | bytes, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
+
+Window = tuple[Sequence[str | bytes], int, int]  # a sentence's keys (`sentence_keys`), first position, positions
+
+
+def encode_windows(
+    windows: Sequence[Window], max_chars: int, dim: int, cache: TokenCache | None = None
+) -> tuple[dict[str, np.ndarray], dict[str | bytes, int]]:
+    """The graph's token inputs for a window of positions of each sentence, and what it will encode
+    (`char_key` -> row of `token_vectors`).
+
+    The backward direction reads positions first..first+n-1 of the sentence reversed. Each distinct key
+    appears once (tokens that differ only past the kept bytes share one): encoded from its chars
+    (`token_chars`), or taken from the cache (`cached_vectors`); at least one row is encoded."""
+    forward = [keys[first : first + n] for keys, first, n in windows]
+    backward = [keys[len(keys) - first - n : len(keys) - first][::-1] for keys, first, n in windows]
+    encode: dict[str | bytes, int] = {}
     cached: dict[str | bytes, int] = {}
     cached_vectors: list[np.ndarray] = []
-    keys = [[char_key(token, max_chars) for token in sentence] for sentence in sentences]
-    for sentence in keys:
-        for key in sentence:
-            if key in encode or key in cached:
-                continue
-            vector = cache.get(key) if cache is not None else None
-            if vector is None:
-                encode[key] = len(encode)
-            else:
-                cached[key] = len(cached_vectors)
-                cached_vectors.append(vector)
-    offset = len(encode)  # token_index counts the encoded rows first, then the cached ones
+    for key in itertools.chain(*forward, *backward):
+        if key in encode or key in cached:
+            continue
+        vector = cache.get(key) if cache is not None else None
+        if vector is None:
+            encode[key] = len(encode)
+        else:
+            cached[key] = len(cached_vectors)
+            cached_vectors.append(vector)
+    if not encode:  # the graph's char-CNN needs a row
+        encode[BOS_TOKEN] = 0
+    offset = len(encode)  # the indices count the encoded rows first, then the cached ones
 
-    steps = max(len(s) for s in keys) + 2
-    token_index = np.zeros((len(keys), steps), dtype=np.int64)  # padding points at <S>: never read
-    lengths = np.empty(len(keys), dtype=np.int64)
-    for row, sentence in enumerate(keys):
-        positions = [encode[k] if k in encode else offset + cached[k] for k in sentence]
-        token_index[row, 1 : len(sentence) + 1] = positions
-        token_index[row, len(sentence) + 1] = 1
-        lengths[row] = len(sentence) + 2
+    steps = max(n for _, _, n in windows)
     feeds = {
         "token_chars": np.stack([key_char_ids(key, max_chars) for key in encode]),
         "cached_vectors": np.stack(cached_vectors) if cached_vectors else np.zeros((0, dim), np.float32),
-        "token_index": token_index,
-        "lengths": lengths,
+        "lengths": np.array([n for _, _, n in windows], dtype=np.int64),
     }
+    for name, rows in (("index_fwd", forward), ("index_bwd", backward)):
+        index = np.zeros((len(windows), steps), dtype=np.int64)  # padding points at row 0: never read
+        for row, keys in enumerate(rows):
+            index[row, : len(keys)] = [encode[k] if k in encode else offset + cached[k] for k in keys]
+        feeds[name] = index
     return feeds, encode
 
 
@@ -156,6 +166,11 @@ def read_manifest(model_dir: str | Path) -> ModelInfo:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         what = f"no {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
         raise ValueError(f"{path} is not a manifest written by elmo-export ({what})") from None
+    if manifest.get("graph_version") != GRAPH_VERSION:
+        raise ValueError(
+            f"{path} holds graph version {manifest.get('graph_version')}, and this engine feeds version "
+            f"{GRAPH_VERSION}: export it again with elmo-export"
+        )
     if not info.model_file.is_file():
         raise FileNotFoundError(f"{info.model_file} not found: the manifest in {model_dir} names it")
     return info
@@ -186,6 +201,9 @@ class Engine:
         providers = choose_providers(provider)
         self.session = ort.InferenceSession(str(self.info.model_file), options, providers=providers)
         self.provider = self.session.get_providers()[0]
+        # The state each window continues from, h and c per layer and direction: name -> width.
+        self.state_sizes = {i.name: i.shape[1] for i in self.session.get_inputs() if i.name[:2] in ("h_", "c_")}
+        self._outputs = [output.name for output in self.session.get_outputs()]
         if provider == "cuda" and self.provider != providers[0]:
             # ONNX Runtime falls back to the CPU with a warning when CUDA cannot start (no GPU visible, a CUDA
             # or cuDNN library missing): a GPU deployment would look healthy at a fraction of its speed.
@@ -207,9 +225,30 @@ class Engine:
         """Each sentence's layers, (num_layers, n_tokens, dim) float32, boundary tokens removed."""
         if not sentences:
             return []
-        feeds, encoded = encode_batch(sentences, self.info.max_chars, self.info.token_dim, self.token_cache)
-        layers, token_vectors = self.session.run(["layers", "token_vectors"], feeds)  # (num_layers, B, T, dim)
+        keys = [sentence_keys(s, self.info.max_chars) for s in sentences]
+        out = self.run_windows([(k, 0, len(k)) for k in keys], np.ones(len(keys), bool), None)
+        fwd, bwd = out["layers_fwd"], out["layers_bwd"]  # (num_layers, B, T, P), bwd in reversed order
+        results = []
+        for row, sentence in enumerate(sentences):
+            n = len(sentence)
+            layers = np.empty((self.num_layers, n, self.dim), np.float32)
+            layers[..., : self.info.token_dim] = fwd[:, row, 1 : n + 1]
+            layers[..., self.info.token_dim :] = bwd[:, row, n:0:-1]  # reversed position q is position T-1-q
+            results.append(layers)
+        return results
+
+    def run_windows(
+        self, windows: Sequence[Window], start: np.ndarray, states: dict[str, np.ndarray] | None
+    ) -> dict[str, np.ndarray]:
+        """Run a window of positions of each sentence (see model_export/onnx_graph.py): from the initial
+        state where `start`, else from `states` (each `state_names` entry, one row per window; None: all
+        start). Returns every output by name; the char-CNN's new token vectors go to the cache."""
+        feeds, encoded = encode_windows(windows, self.info.max_chars, self.info.token_dim, self.token_cache)
+        feeds["start"] = start
+        for name, size in self.state_sizes.items():
+            feeds[name] = states[name] if states is not None else np.zeros((len(windows), size), np.float32)
+        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds), strict=True))
         for key, row in encoded.items():
-            if key not in (BOS_TOKEN, EOS_TOKEN):  # always encoded, never looked up
-                self.token_cache.put(key, token_vectors[row].copy())
-        return [np.ascontiguousarray(layers[:, row, 1 : len(s) + 1]) for row, s in enumerate(sentences)]
+            if key not in (BOS_TOKEN, EOS_TOKEN):  # never looked up in the cache
+                self.token_cache.put(key, out["token_vectors"][row].copy())
+        return out

@@ -19,18 +19,18 @@ class Metrics:
         )
         self.queue_tokens = Gauge("elmo_queue_tokens", "tokens waiting for the engine", registry=r)
         self.queue_seconds = Histogram(
-            "elmo_queue_seconds", "time from enqueue to batch start", buckets=LATENCY_BUCKETS, registry=r
+            "elmo_queue_seconds", "time from enqueue to joining those in flight", buckets=LATENCY_BUCKETS, registry=r
         )
         self.batch_sentences = Histogram(
-            "elmo_batch_sentences", "sentences per engine batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            "elmo_batch_sentences", "sentences per engine call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=r,
         )  # fmt: skip
         self.batch_tokens = Histogram(
-            "elmo_batch_tokens", "padded tokens per engine batch", buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384),
+            "elmo_batch_tokens", "padded positions per call", buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384),
             registry=r,
         )  # fmt: skip
         self.inference_seconds = Histogram(
-            "elmo_inference_seconds", "engine time per batch", buckets=LATENCY_BUCKETS, registry=r
+            "elmo_inference_seconds", "engine time per call", buckets=LATENCY_BUCKETS, registry=r
         )
         self.rejected = Counter("elmo_rejected", "requests refused with 503 because the queue was full", registry=r)
 

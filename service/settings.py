@@ -21,10 +21,15 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
 
     # batching
-    batch_tokens: int = Field(4096, ge=1, description="padded tokens per engine batch, boundary tokens included")
-    max_wait_ms: float = Field(2.0, ge=0, description="how long an idle engine waits to fill a batch")
+    batch_tokens: int = Field(
+        4096, ge=1, description="tokens of the sentences in flight together (and per bulk batch), boundaries included"
+    )
+    max_wait_ms: float = Field(2.0, ge=0, description="how long an idle engine waits for more sentences to start with")
+    window: int = Field(
+        8, ge=1, description="positions each sentence in flight advances per engine call; new ones join between calls"
+    )
     gather_ms: float = Field(
-        100.0, ge=0, description="after a batch that answered several clients, how long to wait for them to send again"
+        10.0, ge=0, description="after a window that answered clients, how long to wait for them to send again"
     )
     queue_tokens: int = Field(65536, ge=1, description="tokens waiting at most; more is answered 503")
 

@@ -36,8 +36,9 @@ def test_manifest(tiny_model_dir, tiny_dir):
 def test_graph_has_dynamic_batch_and_length_and_a_real_loop(tiny_model_dir):
     model = onnx.load(str(tiny_model_dir / "model.onnx"))
     assert sum(node.op_type == "Loop" for node in model.graph.node) == 2  # one per layer, not unrolled
-    index = next(i for i in model.graph.input if i.name == "token_index")
-    assert [d.dim_param for d in index.type.tensor_type.shape.dim] == ["batch", "time"]
+    for name in ("index_fwd", "index_bwd"):
+        index = next(i for i in model.graph.input if i.name == name)
+        assert [d.dim_param for d in index.type.tensor_type.shape.dim] == ["batch", "time"]
 
 
 @pytest.mark.parametrize("length", [1, 2, 299, 1000])

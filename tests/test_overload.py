@@ -114,7 +114,7 @@ def test_a_flood_gets_exact_answers_or_503_and_memory_stays_bounded(flooded, eng
 def test_a_request_whose_client_left_never_reaches_the_engine(tiny_model_dir, tmp_path, engine):
     # An idle engine waits up to 1.5 s for company before a batch that is not full: the request waits in the queue.
     with (
-        running_server(tiny_model_dir, tmp_path, {"ELMO_MAX_WAIT_MS": "1500", "ELMO_GATHER_MS": "0"}) as server,
+        running_server(tiny_model_dir, tmp_path, {"ELMO_MAX_WAIT_MS": "1500"}) as server,
         httpx.Client(base_url=server.url, timeout=30) as client,
     ):
         batches, sentences = counter(client, "elmo_batch_sentences_count"), counter(client, "elmo_batch_sentences_sum")

@@ -18,7 +18,7 @@ from tests.server import SlowBody, counter, free_port, launch, wait_ready
 
 DRAIN_S = 20
 LONG = 1000  # tokens per sentence of the slow requests: each is a batch of its own (ELMO_BATCH_TOKENS)
-SETTINGS = {"ELMO_BATCH_TOKENS": str(LONG + 2), "ELMO_DRAIN_S": str(DRAIN_S), "ELMO_GATHER_MS": "0"}
+SETTINGS = {"ELMO_BATCH_TOKENS": str(LONG + 2), "ELMO_DRAIN_S": str(DRAIN_S)}
 
 
 def refused(port: int) -> bool:

@@ -1,0 +1,94 @@
+"""Continuous batching: the sentences in flight advance a window of positions at a time, and new ones join
+between windows.
+
+A whole batch runs as many time steps as its longest sentence, and a step costs nearly as much for one row as
+for thirty (each reads all of a layer's recurrent weights: 80 MB per layer on the full-size model), so with
+sentences of mixed lengths the tail of a batch runs nearly empty; and a request that arrives during a batch
+waits for all of it. Here each call runs the next `window` positions of every sentence in flight, each from
+the state its last window left it in; sentences that finish leave and waiting ones join at once, so the steps
+stay full while clients come and go (iteration-level scheduling, as LLM servers do it, with a window of
+several steps so that each layer's input products stay one large product per window, and the per-call
+overhead small).
+
+It is the same graph as a whole run, fed windows (model_export/onnx_graph.py), so a sentence's vectors are
+the same bits window by window as whole, whatever else is in flight (tests/test_stepper.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from service.engine import Engine, sentence_keys
+
+
+class Row:
+    """One sentence in flight: `layers` (L+1, T, 2P) fills in window by window; T counts <S> and </S>."""
+
+    __slots__ = ("keys", "layers", "position", "state", "tag")
+
+    def __init__(self, tag: object, keys: list, num_layers: int, dim: int):
+        self.tag = tag  # the caller's, to route the result
+        self.keys = keys
+        self.layers = np.empty((num_layers, len(keys), dim), np.float32)
+        self.position = 0  # positions done
+        self.state: dict[str, np.ndarray] = {}  # h and c per layer and direction after `position`
+
+    @property
+    def length(self) -> int:
+        return len(self.keys)
+
+    def result(self) -> np.ndarray:
+        """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it."""
+        return np.ascontiguousarray(self.layers[:, 1:-1])
+
+
+class Stepper:
+    """The sentences in flight on an engine. Not thread-safe: one thread drives it."""
+
+    def __init__(self, engine: Engine, window: int):
+        self.engine = engine
+        self.window = window
+        self.rows: list[Row] = []
+        self._zeros = {name: np.zeros(size, np.float32) for name, size in engine.state_sizes.items()}
+
+    def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
+        """Let sentences join: they start with the next `step`."""
+        info = self.engine.info
+        for sentence, tag in zip(sentences, tags, strict=True):
+            self.rows.append(Row(tag, sentence_keys(sentence, info.max_chars), info.num_layers, info.dim))
+
+    def step(self, window: int | None = None) -> list[Row]:
+        """Run the next window (`window` positions, default `self.window`) of every row; returns the rows that
+        finished (and are no longer in flight)."""
+        rows, window = self.rows, window or self.window
+        windows = [(row.keys, row.position, min(window, row.length - row.position)) for row in rows]
+        start = np.array([row.position == 0 for row in rows])
+        states = {
+            name: np.stack([row.state[name] if row.position else zero for row in rows])
+            for name, zero in self._zeros.items()
+        }
+        out = self.engine.run_windows(windows, start, states)
+        fwd, bwd, half = out["layers_fwd"], out["layers_bwd"], self.engine.info.token_dim
+        for i, (row, (_, first, n)) in enumerate(zip(rows, windows, strict=True)):
+            row.layers[:, first : first + n, :half] = fwd[:, i, :n]
+            # the backward direction read positions first..first+n-1 of the sentence reversed
+            end = row.length - first
+            row.layers[:, end - n : end, half:] = bwd[:, i, n - 1 :: -1]
+            row.state = {name: out[f"{name}_next"][i] for name in self._zeros}
+            row.position += n
+        self.rows = [row for row in rows if row.position < row.length]
+        return [row for row in rows if row.position == row.length]
+
+    def drop(self, unwanted: Callable[[Row], bool]) -> list[Row]:
+        """Take the rows for which `unwanted(row)` holds out of flight (their client has gone), and return them."""
+        gone = [row for row in self.rows if unwanted(row)]
+        if gone:
+            self.rows = [row for row in self.rows if not unwanted(row)]
+        return gone
+
+    def clear(self) -> list[Row]:
+        """Take every row out of flight (after a failed window: their state is unknown), and return them."""
+        rows, self.rows = self.rows, []
+        return rows
