@@ -35,6 +35,7 @@ class RecordingStepper(Stepper):
         super().__init__(engine, window)
         self.poison, self.max_rows = poison, max_rows
         self.windows: list[list[list[str]]] = []
+        self.lengths: list[int | None] = []  # the window length each call was given
         self.admitted: list[list[str]] = []
         self.entered = threading.Event()
         self._gate = threading.Event()
@@ -55,6 +56,7 @@ class RecordingStepper(Stepper):
     def step(self, window=None):
         sentences = [row.tag[0].sentences[row.tag[1]] for row in self.rows]
         self.windows.append(sentences)
+        self.lengths.append(window)
         self.entered.set()
         if not self._gate.wait(TIMEOUT_S):
             raise RuntimeError("the test never released the stepper")
@@ -200,6 +202,22 @@ def test_a_lone_sentence_with_no_one_waiting_runs_to_its_end_in_one_call(engine)
     stepper, got = run(main)
     assert stepper.windows == [[long]]
     assert_own_rows(engine, [long], got)
+
+
+def test_a_window_ends_early_where_a_sentence_ends_so_its_slot_refills(engine):
+    five, long = ["five", "tokens", "in", "this", "one"], ["long"] * 20  # 7 and 22 positions
+
+    async def main():
+        batcher, stepper, _ = make(engine, window=4, max_wait_s=0.5)  # both start together
+        got = await asyncio.gather(batcher.embed([five]), batcher.embed([long]))
+        await batcher.stop()
+        return stepper, got
+
+    stepper, (got_five, got_long) = run(main)
+    # 4 positions, then the 3 left of the short one (at least half a window), then the long one alone runs to its end.
+    assert stepper.lengths == [4, 3, 15] and stepper.windows == [[five, long], [five, long], [long]]
+    assert_own_rows(engine, [five], got_five)
+    assert_own_rows(engine, [long], got_long)
 
 
 def test_sentences_in_flight_stay_within_the_token_budget_and_join_in_order(engine):
