@@ -104,7 +104,7 @@ async def client_loop(url: str, sentences, start_index: int, stop_at: float, log
         while time.perf_counter() < stop_at:
             k = i % len(sentences)
             start = time.perf_counter()
-            status, answer = await connection.post(path, bodies[k])
+            status, answer = await asyncio.wait_for(connection.post(path, bodies[k]), 120)
             log.append((k, status, time.perf_counter() - start))
             if i == start_index and status == 200:  # parsing every answer would tax the server's CPU; check one
                 assert len(orjson.loads(answer)["data"][0]["tokens"]) == len(sentences[k])

@@ -63,6 +63,7 @@ class _Entry:
         self.results: list[np.ndarray | None] = [None] * len(self.sentences)
         self.pending = len(self.sentences)  # sentences not answered yet
         self.waiting = len(self.sentences)  # sentences still in the queue
+        self.unfinished = len(self.sentences)  # sentences the stepper has not finished (engine thread only)
 
 
 Item = tuple[_Entry, int]  # a request and the index of one of its sentences
@@ -99,7 +100,7 @@ class Batcher:
         self.batch_tokens = batch_tokens
         self.max_wait_s = max_wait_s
         self.gather_s = gather_s
-        self._answered = 0  # sentences the last window finished
+        self._answered = 0  # requests the last window completed
         self.queue_tokens = queue_tokens
         self._on_batch = on_batch or (lambda stats: None)
         self._cond = threading.Condition()  # guards the queue, its token count and `_stopping`
@@ -148,17 +149,17 @@ class Batcher:
         finally:
             entry.gone = True  # answered, failed or cancelled: whatever of it is left costs no more compute
             if entry.waiting:
-                with self._cond:
-                    left = [item for item in self._queue if item[0] is entry]
-                    for item in left:
-                        self._queue.remove(item)
-                    self._queued_tokens -= sum(map(_tokens, left))
+                with self._cond:  # one pass over the queue, however many of its sentences wait
+                    self._queued_tokens -= sum(_tokens(item) for item in self._queue if item[0] is entry)
+                    self._queue = deque(item for item in self._queue if item[0] is not entry)
                     entry.waiting = 0
 
     # ---- the engine thread -------------------------------------------------------------------------------
 
     def _work(self) -> None:
         while True:
+            for row in self._stepper.drop(lambda row: row.tag[0].gone):  # before taking: they free budget
+                self._flight_tokens -= row.length
             with self._cond:
                 while not self._queue and not self._stepper.rows:
                     if self._stopping:
@@ -166,10 +167,18 @@ class Batcher:
                     self._cond.wait()
                 if not self._stepper.rows:
                     self._wait_for_company()
-                else:
+                elif not self._stopping:
                     self._wait_for_those_answered()
                 joining = self._take()
-            self._answered = self._window(joining)
+            try:
+                self._answered = self._window(joining)
+            except Exception as err:  # a bug, not an engine failure: fail what is in flight, keep serving
+                log.exception("the batcher failed; failing the %d sentences in flight", len(self._stepper.rows))
+                for entry, _ in {
+                    id(item[0]): item for item in [*joining, *(r.tag for r in self._stepper.clear())]
+                }.values():
+                    self._loop.call_soon_threadsafe(self._fail, entry, err)
+                self._flight_tokens, self._answered = 0, 0
 
     def _wait_for_company(self) -> None:
         """An idle engine waits up to `max_wait` after the oldest sentence, while the queue holds less than the
@@ -179,10 +188,10 @@ class Batcher:
             self._cond.wait(wait)
 
     def _wait_for_those_answered(self) -> None:
-        """Clients just answered tend to send again at once: wait up to `gather` for as many sentences as the
-        last window finished, so they join the next window instead of leaving its rows empty for a whole
-        window (measured with 32 clients on the full-size model: windows held 26 of 32 rows without it).
-        Called with the lock held."""
+        """Clients just answered tend to send again at once: wait up to `gather` until as many sentences wait
+        as the last window completed requests, so they join the next window instead of leaving its rows empty
+        for a whole window (measured with 32 clients on the full-size model: windows held 26 of 32 rows
+        without it). Called with the lock held."""
         deadline = time.perf_counter() + self.gather_s
         while len(self._queue) < self._answered and (wait := deadline - time.perf_counter()) > 0:
             self._cond.wait(wait)
@@ -204,29 +213,29 @@ class Batcher:
         return taken
 
     def _window(self, joining: list[Item]) -> int:
-        """Let `joining` in, run one window, and answer the sentences that finished; returns how many."""
+        """Let `joining` in, run one window, and answer the sentences that finished; returns how many requests
+        that completed."""
         stepper = self._stepper
-        for row in stepper.drop(lambda row: row.tag[0].gone):
-            self._flight_tokens -= row.length
-        stepper.admit([entry.sentences[i] for entry, i in joining], joining)
-        if not stepper.rows:
-            return 0
-        window = self._window_length()
-        rows = [(row.tag, min(window, row.length - row.position)) for row in stepper.rows]
         start = time.perf_counter()
         self.busy = True
         try:
-            finished = stepper.step(window)
-        except Exception as err:
-            failed = stepper.clear()
+            stepper.admit([entry.sentences[i] for entry, i in joining], joining)
+            window = self._window_length()
+            rows = [(row.tag, min(window, row.length - row.position)) for row in stepper.rows]
+            finished = stepper.step(window) if rows else []
+        except Exception as err:  # out of memory, say: the rows' state is unknown, run them again whole
+            in_flight = [row.tag for row in stepper.clear()]
+            failed = in_flight + [item for item in joining if item not in in_flight]  # those admit did not reach
             self._flight_tokens = 0
             log.warning(
                 "a window of %d sentences failed (%s): running them again in halves", len(failed), type(err).__name__
             )
-            self._run_batch(sorted((row.tag for row in failed), key=_tokens, reverse=True))
+            self._run_batch(sorted(failed, key=_tokens, reverse=True))
             return 0
         finally:
             self.busy = False
+        if not rows:
+            return 0
         self._on_batch(
             BatchStats(
                 sentences=len(rows),
@@ -237,9 +246,14 @@ class Batcher:
             )
         )
         self._flight_tokens -= sum(row.length for row in finished)
-        if finished:
-            self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row.result()) for row in finished])
-        return len(finished)
+        if not finished:
+            return 0
+        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row.result()) for row in finished])
+        completed = 0
+        for entry, _ in (row.tag for row in finished):
+            entry.unfinished -= 1
+            completed += entry.unfinished == 0
+        return completed
 
     def _window_length(self) -> int:
         """Positions for the next call: the stepper's window, ending early where a sentence in flight ends at

@@ -1,10 +1,11 @@
 """The ONNX Runtime engine: token lists in, each sentence's layers out. Owns the session and nothing else.
 
-The exported graph takes the batch as unique tokens + an index (see model_export/onnx_graph.py), so the
-char-CNN runs once per distinct token of a batch, and not at all for tokens whose vectors the engine kept
-from earlier batches (`TokenCache`: exactly the bits it would compute again). Each sentence is wrapped in
-<S> ... </S>, the way the biLM was trained, and the boundary positions are cut off again before the vectors
-are returned.
+The exported graph takes the batch as unique tokens + indices into them, and runs a window of positions of
+each sentence from a given state (see model_export/onnx_graph.py): `run` is one window covering each whole
+sentence, `run_windows` any windows (service/stepper.py). The char-CNN runs once per distinct token of a
+call, and not at all for tokens whose vectors the engine kept from earlier calls (`TokenCache`: exactly the
+bits it would compute again). Each sentence is wrapped in <S> ... </S>, the way the biLM was trained, and
+the boundary positions are cut off again before the vectors are returned.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import onnxruntime as ort
 from service.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids
 
 MANIFEST = "manifest.json"
-GRAPH_VERSION = 5  # the graph this engine feeds (model_export/onnx_graph.py writes it); bumped when its inputs change
+# The graph this engine feeds (model_export/onnx_graph.py writes it): bumped whenever the graph changes (inputs,
+# outputs or what it computes fast); an export of another version is refused.
+GRAPH_VERSION = 5
 
 
 class TokenCache:
@@ -241,7 +244,7 @@ class Engine:
         self, windows: Sequence[Window], start: np.ndarray, states: dict[str, np.ndarray] | None
     ) -> dict[str, np.ndarray]:
         """Run a window of positions of each sentence (see model_export/onnx_graph.py): from the initial
-        state where `start`, else from `states` (each `state_names` entry, one row per window; None: all
+        state where `start`, else from `states` (each `state_sizes` entry, one row per window; None: all
         start). Returns every output by name; the char-CNN's new token vectors go to the cache."""
         feeds, encoded = encode_windows(windows, self.info.max_chars, self.info.token_dim, self.token_cache)
         feeds["start"] = start

@@ -11,7 +11,8 @@ several steps so that each layer's input products stay one large product per win
 overhead small).
 
 It is the same graph as a whole run, fed windows (model_export/onnx_graph.py), so a sentence's vectors are
-the same bits window by window as whole, whatever else is in flight (tests/test_stepper.py).
+the same bits window by window as whole, whatever else is in flight (on CPU: tests/test_stepper.py; a GPU's
+kernels may round a product differently for another number of rows).
 """
 
 from __future__ import annotations

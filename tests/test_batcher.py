@@ -459,3 +459,39 @@ def test_an_empty_request_is_answered_at_once(engine):
     assert got == []
     assert stepper.admitted == [["ok"]]
     assert_own_rows(engine, [["ok"]], after)
+
+
+class AdmitFails(RecordingStepper):
+    """A stepper that cannot take a sentence holding "HUGE" in (like running out of memory for its buffers)."""
+
+    def admit(self, sentences, tags) -> None:
+        if any("HUGE" in s for s in sentences):
+            raise MemoryError("cannot allocate the sentence's buffers")
+        super().admit(sentences, tags)
+
+
+def test_a_failure_while_sentences_join_runs_them_and_those_in_flight_again_whole(engine):
+    huge, other, another = ["HUGE", "one"], ["in", "flight", "already"] * 4, ["also", "in", "flight"] * 4
+
+    async def main():
+        stepper = AdmitFails(engine, window=4)
+        retries = RecordingRun(engine)
+        batcher = Batcher(retries, stepper, 4096, 0.5, 100_000)
+        batcher.start()
+        stepper.hold()
+        first = [asyncio.ensure_future(batcher.embed([s])) for s in (other, another)]  # start together
+        await wait_until(stepper.entered.is_set)
+        second = asyncio.ensure_future(batcher.embed([huge]))
+        await wait_until(lambda: batcher.queued_tokens == 4)
+        stepper.release()
+        got = await asyncio.gather(*first, second)
+        after = await batcher.embed([["still", "serving"]])  # the engine thread lives on
+        await batcher.stop()
+        return retries, got, after
+
+    retries, (got_other, got_another, got_huge), after = run(main)
+    assert retries.calls == [[other, another, huge]]  # in flight and joining: run again whole, longest first
+    assert_own_rows(engine, [other], got_other)
+    assert_own_rows(engine, [another], got_another)
+    assert_own_rows(engine, [huge], got_huge)
+    assert_own_rows(engine, [["still", "serving"]], after)
