@@ -57,8 +57,12 @@ def test_sigterm_while_busy_answers_everything_in_flight_then_exits_0(tiny_model
         with ThreadPoolExecutor(len(requests)) as pool:
             futures = [pool.submit(post, k) for k in range(len(requests))]
             deadline = time.monotonic() + 30
-            # The engine is on them: they are in flight.
-            while counter(metrics, "elmo_inference_seconds_count") < before + 2:
+            # The engine is on them and all four arrived: more sentences wait than three requests hold (one
+            # sentence runs at a time with this budget), so they are all in flight.
+            three_requests = 3 * 6 * (LONG + 2)  # tokens
+            while counter(metrics, "elmo_inference_seconds_count") < before + 2 or (
+                counter(metrics, "elmo_queue_tokens") <= three_requests
+            ):
                 assert time.monotonic() < deadline, "the requests never reached the engine"
                 time.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
