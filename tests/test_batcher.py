@@ -120,6 +120,18 @@ async def start_blocked(batcher: Batcher, stepper: RecordingStepper) -> asyncio.
     return blocker
 
 
+async def queued_behind_a_blocker(batcher: Batcher, stepper: RecordingStepper, requests) -> list:
+    """Queue every request while the engine is held on a blocker, then let it go; stops the batcher and returns
+    the requests' results (without the blocker's, which is answered too)."""
+    blocker = await start_blocked(batcher, stepper)
+    tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
+    await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
+    stepper.release()
+    results = await asyncio.gather(blocker, *tasks)
+    await batcher.stop()
+    return results[1:]
+
+
 BLOCKER = ["held", "on", "purpose"]
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", ",", ".", "quickly", "Über", "naïve", "U.S.", "42", "bio-"]
 
@@ -228,13 +240,7 @@ def test_sentences_in_flight_stay_within_the_token_budget_and_join_in_order(engi
 
     async def main():
         batcher, stepper, _ = make(engine, batch_tokens=batch_tokens, stats=stats)
-        blocker = await start_blocked(batcher, stepper)
-        tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
-        await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
-        stepper.release()
-        results = await asyncio.gather(blocker, *tasks)
-        await batcher.stop()
-        return stepper, results[1:]
+        return stepper, await queued_behind_a_blocker(batcher, stepper, requests)
 
     stepper, results = run(main)
     for sentences, got in zip(requests, results, strict=True):
@@ -401,13 +407,7 @@ def test_an_out_of_memory_window_is_answered_in_smaller_batches(engine):
 
     async def main():
         batcher, stepper, retries = make(engine, max_rows=3)
-        blocker = await start_blocked(batcher, stepper)
-        tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
-        await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
-        stepper.release()
-        results = await asyncio.gather(blocker, *tasks)
-        await batcher.stop()
-        return retries, results[1:]
+        return retries, await queued_behind_a_blocker(batcher, stepper, requests)
 
     retries, results = run(main)
     for sentences, got in zip(requests, results, strict=True):
