@@ -106,7 +106,6 @@ class Batcher:
         self._cond = threading.Condition()  # guards the queue, its token count and `_stopping`
         self._queue: deque[Item] = deque()
         self._queued_tokens = 0
-        self._flight_tokens = 0  # tokens of the sentences in flight (engine thread only)
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -158,8 +157,7 @@ class Batcher:
 
     def _work(self) -> None:
         while True:
-            for row in self._stepper.drop(lambda row: row.tag[0].gone):  # before taking: they free budget
-                self._flight_tokens -= row.length
+            self._stepper.drop(lambda row: row.tag[0].gone)  # before taking: they free budget
             with self._cond:
                 while not self._queue and not self._stepper.rows:
                     if self._stopping:
@@ -174,11 +172,10 @@ class Batcher:
                 self._answered = self._window(joining)
             except Exception as err:  # a bug, not an engine failure: fail what is in flight, keep serving
                 log.exception("the batcher failed; failing the %d sentences in flight", len(self._stepper.rows))
-                for entry, _ in {
-                    id(item[0]): item for item in [*joining, *(r.tag for r in self._stepper.clear())]
-                }.values():
+                entries = {id(entry): entry for entry, _ in [*joining, *(row.tag for row in self._stepper.clear())]}
+                for entry in entries.values():
                     self._loop.call_soon_threadsafe(self._fail, entry, err)
-                self._flight_tokens, self._answered = 0, 0
+                self._answered = 0
 
     def _wait_for_company(self) -> None:
         """An idle engine waits up to `max_wait` after the oldest sentence, while the queue holds less than the
@@ -200,16 +197,17 @@ class Batcher:
         """Waiting sentences, in order, as many as fit the token budget beside those in flight (at least one
         when none are). Called with the lock held."""
         taken: list[Item] = []
+        in_flight = sum(row.length for row in self._stepper.rows)  # a row's length counts its boundaries, as _tokens
         while self._queue:
             tokens = _tokens(self._queue[0])
-            if self._flight_tokens + tokens > self.batch_tokens and (taken or self._stepper.rows):
+            if in_flight + tokens > self.batch_tokens and (taken or self._stepper.rows):
                 break
             entry, i = self._queue.popleft()
             self._queued_tokens -= tokens
             entry.waiting -= 1
             if not entry.gone:
                 taken.append((entry, i))
-                self._flight_tokens += tokens
+                in_flight += tokens
         return taken
 
     def _window(self, joining: list[Item]) -> int:
@@ -226,7 +224,6 @@ class Batcher:
         except Exception as err:  # out of memory, say: the rows' state is unknown, run them again whole
             in_flight = [row.tag for row in stepper.clear()]
             failed = in_flight + [item for item in joining if item not in in_flight]  # those admit did not reach
-            self._flight_tokens = 0
             log.warning(
                 "a window of %d sentences failed (%s): running them again in halves", len(failed), type(err).__name__
             )
@@ -245,7 +242,6 @@ class Batcher:
                 queue_seconds=[start - entry.enqueued for entry, _ in joining],
             )
         )
-        self._flight_tokens -= sum(row.length for row in finished)
         if not finished:
             return 0
         self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row.result()) for row in finished])

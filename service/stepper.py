@@ -84,9 +84,10 @@ class Stepper:
 
     def drop(self, unwanted: Callable[[Row], bool]) -> list[Row]:
         """Take the rows for which `unwanted(row)` holds out of flight (their client has gone), and return them."""
-        gone = [row for row in self.rows if unwanted(row)]
-        if gone:
-            self.rows = [row for row in self.rows if not unwanted(row)]
+        gone, kept = [], []
+        for row in self.rows:
+            (gone if unwanted(row) else kept).append(row)
+        self.rows = kept
         return gone
 
     def clear(self) -> list[Row]:
