@@ -61,3 +61,12 @@ def max_error(got: list[np.ndarray], want: list[np.ndarray]) -> float:
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape, (g.shape, w.shape)
     return max(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True))
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An HTTP client on the module's `server` fixture (the modules that start one define it)."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c

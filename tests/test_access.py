@@ -4,7 +4,6 @@ the log only because ELMO_LOG_REQUEST_TEXT asks for it (tests/test_app.py checks
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.server import running_server
@@ -39,12 +38,6 @@ WRONG = {
 def server(tiny_model_dir, tmp_path_factory):
     with running_server(tiny_model_dir, tmp_path_factory.mktemp("access"), SETTINGS) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
 
 
 def request(client, method, path, body, headers):

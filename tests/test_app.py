@@ -36,12 +36,6 @@ def server(tiny_model_dir, tmp_path_factory) -> Server:
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
-
-
 # -- helpers --------------------------------------------------------------------------------------------------------
 
 

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
 import numpy as np
 import pytest
 
@@ -119,12 +118,6 @@ CASES = [
 def server(tiny_model_dir, tmp_path_factory):
     with running_server(tiny_model_dir, tmp_path_factory.mktemp("hostile")) as s:  # the default limits
         yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
-        yield c
 
 
 def layers_of(item: dict) -> np.ndarray:
