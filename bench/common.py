@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("ELMO_SHARED", ROOT.parent / "shared"))
-FULL_OPTIONS = SHARED / "configs" / "elmo_2x4096_512_2048cnn_2xhighway_options.json"
-TINY = SHARED / "fixtures" / "elmo-tiny"
+FULL_OPTIONS = ROOT / "bench" / "configs" / "elmo_2x4096_512_2048cnn_2xhighway_options.json"
+TINY = ROOT / "tests" / "fixtures" / "elmo-tiny"
 SENTENCES = TINY / "sentences_flat.json"
 BUILD = ROOT / "build" / "bench"
 

@@ -170,7 +170,7 @@ def start_server(model: Path, threads: int) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_") or k == "ELMO_SHARED"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
     env |= {"ELMO_PROVIDER": "cpu", "ELMO_INTRA_OP_THREADS": str(threads), "ELMO_INTER_OP_THREADS": "1"}
     env |= {"ELMO_LOG_LEVEL": "warning"}
     server = subprocess.Popen(

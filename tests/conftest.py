@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-SHARED = Path(os.environ.get("ELMO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
-TINY = SHARED / "fixtures" / "elmo-tiny"
-CONFIGS = SHARED / "configs"
+TINY = Path(__file__).resolve().parent / "fixtures" / "elmo-tiny"  # provenance and license: its README
+CONFIGS = Path(__file__).resolve().parents[1] / "bench" / "configs"  # the published architectures' options
 
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    if not (TINY / "lm_weights.hdf5").exists():
-        pytest.fail(f"fixtures not found at {TINY}: set ELMO_SHARED to the shared/ folder")
     return TINY
 
 

@@ -48,7 +48,7 @@ def free_port() -> int:
 def launch(model_dir: Path | str, log: Path, settings: dict[str, str], port: int) -> subprocess.Popen:
     """Start elmo-serve with exactly these ELMO_* settings (on top of BASE_SETTINGS); its output goes to `log`."""
     # Only our ELMO_* settings: one left in the environment (a batch size, a limit) would change what is tested.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_") or k == "ELMO_SHARED"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
     env |= BASE_SETTINGS | settings
     cmd = [sys.executable, "-c", SERVE, "--model", str(model_dir), "--port", str(port)]
     with log.open("wb") as out:

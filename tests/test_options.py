@@ -10,7 +10,7 @@ def test_published_full_size_architecture():
     opt = load_options(CONFIGS / "elmo_2x4096_512_2048cnn_2xhighway_options.json")
     assert (opt.n_layers, opt.cell_dim, opt.proj_dim, opt.n_filters, opt.n_highway) == (2, 4096, 512, 2048, 2)
     assert opt.output_dim == 1024 and opt.num_output_layers == 3
-    # about 102 M multiply-adds per token (shared/configs/README.md)
+    # about 102 M multiply-adds per token (bench/configs/README.md)
     assert 101e6 < opt.macs_per_token() < 103e6
 
 
