@@ -75,25 +75,57 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy().astype(np.float32)
 
 
-def _token_encoder(g: _Graph, model: BiLM, token_chars: str) -> str:
-    """(U, max_chars) char ids -> (U, P) token vectors; the same math as CharCNN.forward."""
-    enc = model.token_encoder
+PRECISIONS = ("fp32", "fp16")
+
+
+class _Precision:
+    """Where the reduced-precision graph computes in fp16: the products (MatMul, Gemm, Conv) take fp16 operands
+    and weights; everything that decides accuracy stays fp32 (the gate nonlinearities, the cell state, clipping,
+    the masks and the state kept between windows). fp32: no casts at all."""
+
+    def __init__(self, g: _Graph, precision: str):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        self.g, self.half = g, precision == "fp16"
+
+    def weight(self, value: np.ndarray, hint: str) -> str:
+        return self.g.const(value, hint, np.float16 if self.half else np.float32)
+
+    def down(self, x: str) -> str:
+        return self.g.op("Cast", x, to=TensorProto.FLOAT16) if self.half else x
+
+    def up(self, x: str) -> str:
+        return self.g.op("Cast", x, to=TensorProto.FLOAT) if self.half else x
+
+    def matmul(self, x: str, w: str) -> str:
+        """x (fp32) @ w (a `weight`) -> fp32."""
+        return self.up(self.g.op("MatMul", self.down(x), w))
+
+
+def _token_encoder(p: _Precision, model: BiLM, token_chars: str) -> str:
+    """(U, max_chars) char ids -> (U, P) token vectors, fp32; the same math as CharCNN.forward (its products in
+    fp16 where the precision asks for them)."""
+    g, enc = p.g, model.token_encoder
     activation = "Relu" if model.options.activation == "relu" else "Tanh"
-    table = g.const(_np(enc.char_embed.weight), "char_embed")
+    table = p.weight(_np(enc.char_embed.weight), "char_embed")
     x = g.op("Transpose", g.op("Gather", table, token_chars), perm=[0, 2, 1])  # (U, char_dim, max_chars)
     pooled = []
     for conv in enc.convs:
-        y = g.op("Conv", x, g.const(_np(conv.weight), "w_cnn"), g.const(_np(conv.bias), "b_cnn"))
+        y = g.op("Conv", x, p.weight(_np(conv.weight), "w_cnn"), p.weight(_np(conv.bias), "b_cnn"))
         pooled.append(g.op(activation, g.op("ReduceMax", y, axes=[2], keepdims=0)))
     x = g.op("Concat", *pooled, axis=1)  # (U, n_filters)
-    one = g.const(1.0, "one")
+    one = p.weight(np.array(1.0), "one")
     for highway in enc.highways:
         w_transform, w_carry = _np(highway.weight).reshape(2, -1, highway.in_features)
         b_transform, b_carry = _np(highway.bias).reshape(2, -1)
-        transform = g.op("Relu", g.op("Gemm", x, g.const(w_transform, "w_tr"), g.const(b_transform, "b_tr"), transB=1))
-        carry = g.op("Sigmoid", g.op("Gemm", x, g.const(w_carry, "w_ca"), g.const(b_carry, "b_ca"), transB=1))
+        transform = g.op(
+            "Relu", g.op("Gemm", x, p.weight(w_transform, "w_tr"), p.weight(b_transform, "b_tr"), transB=1)
+        )
+        carry = g.op("Sigmoid", g.op("Gemm", x, p.weight(w_carry, "w_ca"), p.weight(b_carry, "b_ca"), transB=1))
         x = g.op("Add", g.op("Mul", carry, transform), g.op("Mul", g.op("Sub", one, carry), x))
-    return g.op("Gemm", x, g.const(_np(enc.proj.weight), "w_proj"), g.const(_np(enc.proj.bias), "b_proj"), transB=1)
+    return p.up(
+        g.op("Gemm", x, p.weight(_np(enc.proj.weight), "w_proj"), p.weight(_np(enc.proj.bias), "b_proj"), transB=1)
+    )
 
 
 def _int64_zero() -> onnx.TensorProto:
@@ -125,14 +157,8 @@ def _loop_body(opt, cells: list, gates_x: list[str], active: str, offsets: str) 
         gates_t = b.op("Slice", gates, start, b.op("Add", start, n), axis0)  # (n_t, 4C): packed rows of step t
         h_run, h_done = b.op("Slice", h_in, zero, n, axis0), b.op("Slice", h_in, n, end, axis0)
         c_run, c_done = b.op("Slice", c_in, zero, n, axis0), b.op("Slice", c_in, n, end, axis0)
-        g = b.op("Add", gates_t, b.op("MatMul", h_run, b.const(_np(cell.w_hidden), "w_hidden")))
-        i, j, f, o = b.op("Split", g, outputs=4, axis=1)
-        c = b.op("Add", b.op("Mul", b.op("Sigmoid", f), c_run), b.op("Mul", b.op("Sigmoid", i), b.op("Tanh", j)))
-        if opt.cell_clip:
-            c = b.op("Clip", c, b.const(-opt.cell_clip, "lo"), b.const(opt.cell_clip, "hi"))
-        h = b.op("MatMul", b.op("Mul", b.op("Sigmoid", o), b.op("Tanh", c)), b.const(_np(cell.w_proj), "w_proj"))
-        if opt.proj_clip:
-            h = b.op("Clip", h, b.const(-opt.proj_clip, "lo"), b.const(opt.proj_clip, "hi"))
+        weights = b.const(_np(cell.w_hidden), "w_hidden"), b.const(_np(cell.w_proj), "w_proj")
+        h, c = _cell_step(_Precision(b, "fp32"), opt, weights, gates_t, h_run, c_run)
         b.op("Concat", h, h_done, axis=0, out=[f"h_{d}_next"])  # finished rows keep their state: never read
         b.op("Concat", c, c_done, axis=0, out=[f"c_{d}_next"])
         b.op("Identity", f"h_{d}_next", out=[f"h_{d}_scan"])
@@ -157,7 +183,7 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     lengths, order = g.op("TopK", "lengths", batch, axis=0, largest=1, sorted=1, outputs=2)
     rows = g.op("Range", g.const(0, "zero", i64), g.op("Squeeze", batch, axis0), g.const(1, "one_i", i64))
     unsort = g.op("ScatterElements", g.op("ConstantOfShape", batch, value=_int64_zero()), order, rows, axis=0)
-    encoded = _token_encoder(g, model, "token_chars")  # (U, P)
+    encoded = _token_encoder(_Precision(g, "fp32"), model, "token_chars")  # (U, P)
     g.op("Identity", encoded, out=["token_vectors"])
     table = g.op("Concat", encoded, "cached_vectors", axis=0)
     # Each direction reads its own positions (the backward one the sentence reversed), time-major (T, B, P).
@@ -222,6 +248,118 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
         graph_outputs.append(helper.make_tensor_value_info(f"layers_{d}", f32, shape))
     graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
     graph = helper.make_graph(g.nodes, "elmo_bilm", graph_inputs, graph_outputs, initializer=g.initializers)
+    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="elmo-export")
+    model_proto.ir_version = IR_VERSION
+    return model_proto
+
+
+# ---- the window graph: no Loop, static shapes, state in a slot store ----------------------------------------
+
+
+def _cell_step(p: _Precision, opt, weights: tuple[str, str], gates_x: str, h: str, c: str) -> tuple[str, str]:
+    """One step of a projected LSTM cell: gates_x (B, 4C) (the input's products, bias included), state (h, c)
+    -> (h', c'), with `weights` (w_hidden, w_proj) written once for all steps. Gates in the order i, j, f, o;
+    the forget bias is in gates_x."""
+    g, (w_hidden, w_proj) = p.g, weights
+    gates = g.op("Add", gates_x, p.matmul(h, w_hidden))
+    i, j, f, o = g.op("Split", gates, outputs=4, axis=1)
+    c = g.op("Add", g.op("Mul", g.op("Sigmoid", f), c), g.op("Mul", g.op("Sigmoid", i), g.op("Tanh", j)))
+    if opt.cell_clip:
+        c = g.op("Clip", c, g.const(-opt.cell_clip, "lo"), g.const(opt.cell_clip, "hi"))
+    h = p.matmul(g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c)), w_proj)
+    if opt.proj_clip:
+        h = g.op("Clip", h, g.const(-opt.proj_clip, "lo"), g.const(opt.proj_clip, "hi"))
+    return h, c
+
+
+def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onnx.ModelProto:
+    """The biLM as a graph a GPU likes: `window` time steps unrolled, no Loop and no value the host must read,
+    every shape fixed by the inputs' shapes, so that each (rows, tokens, positions) bucket the engine feeds can
+    be captured as a CUDA graph.
+
+    Inputs:  token_chars int32 (U, max_chars), cached_vectors float32 (V, P), index_fwd / index_bwd int64
+             (B, window) into the U + V token vectors (as the Loop graph's); steps int64 (B,): the row's real
+             positions in this window (<= window; 0 for a row that only pads the batch); start bool (B,): the
+             row starts its sentence here, from the model's initial state; slots int64 (B,): the row's slot in
+             the state store; the store h_fwd0, c_fwd0, h_bwd0, ... float32 (S, P) / (S, C): each slot's state
+             after its row's last window; positions int64 (N,): flat indices b * window + t of the positions
+             whose vectors come back.
+    Outputs: layers_fwd, layers_bwd float32 (L+1, N, P) at `positions` (the backward ones at the reversed
+             positions the row read); h_fwd0_next, ...: the store with the rows' slots set to their state
+             after their last real position (padding rows write their slot too: give them a scratch slot);
+             token_vectors float32 (U, P).
+
+    Padding is masked, not sliced: a step past a row's `steps` computes and keeps the state it had, so padding
+    never reaches a real position, and a row's numbers do not depend on the other rows."""
+    opt, g = model.options, _Graph()
+    p = _Precision(g, precision)
+    i64, f32 = np.int64, TensorProto.FLOAT
+    b_axis, t_axis = g.const([0], "axis0", i64), g.const([1], "axis1", i64)
+
+    encoded = _token_encoder(p, model, "token_chars")  # (U, P)
+    g.op("Identity", encoded, out=["token_vectors"])
+    table = g.op("Concat", encoded, "cached_vectors", axis=0)
+    xs = [g.op("Gather", table, f"index_{d}") for d in DIRECTIONS]  # (B, W, P)
+    # masks[t] (B, 1): the row is still running at step t
+    running = g.op("Less", g.const(np.arange(window)[None, :], "time", i64), g.op("Unsqueeze", "steps", t_axis))
+    masks = g.op("Split", running, outputs=window, axis=1) if window > 1 else [running]
+    start = g.op("Unsqueeze", "start", t_axis)  # (B, 1)
+    scatter_index = g.op("Unsqueeze", "slots", t_axis)  # (B, 1)
+
+    graph_inputs = [
+        helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", opt.max_chars]),
+        helper.make_tensor_value_info("cached_vectors", f32, ["cached", opt.proj_dim]),
+        helper.make_tensor_value_info("index_fwd", TensorProto.INT64, ["batch", window]),
+        helper.make_tensor_value_info("index_bwd", TensorProto.INT64, ["batch", window]),
+        helper.make_tensor_value_info("steps", TensorProto.INT64, ["batch"]),
+        helper.make_tensor_value_info("start", TensorProto.BOOL, ["batch"]),
+        helper.make_tensor_value_info("slots", TensorProto.INT64, ["batch"]),
+    ]
+    graph_outputs = []
+    outputs = {d: [x] for d, x in zip(DIRECTIONS, xs, strict=True)}  # layer 0: the token vectors
+    flat = g.const([-1, opt.proj_dim], "flat", i64)
+    for k, cells in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
+        for d, cell in zip(DIRECTIONS, cells, strict=True):
+            x = outputs[d][-1]  # (B, W, P)
+            bias = _np(cell.bias)
+            bias[2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+            # every position's input products in one GEMM, bias included
+            gates_x = g.op("Gemm", p.down(g.op("Reshape", x, flat)), p.weight(_np(cell.w_input), f"w_input{k}"),
+                           p.weight(bias, f"bias{k}"))  # fmt: skip
+            gates_x = g.op("Reshape", p.up(gates_x), g.const([-1, window, 4 * opt.cell_dim], "bw4c", i64))
+            gates_t = g.op("Split", gates_x, outputs=window, axis=1) if window > 1 else [gates_x]
+            state = []
+            for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
+                name = f"{kind}_{d}{k}"
+                graph_inputs.append(helper.make_tensor_value_info(name, f32, ["slots", size]))
+                graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["slots", size]))
+                given = g.op("Gather", name, "slots", axis=0)
+                state.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
+            h, c = state
+            weights = p.weight(_np(cell.w_hidden), f"w_hidden{k}"), p.weight(_np(cell.w_proj), f"w_proj{k}")
+            steps_out = []
+            for t in range(window):
+                gt = g.op("Squeeze", gates_t[t], t_axis)  # (B, 4C)
+                h_new, c_new = _cell_step(p, opt, weights, gt, h, c)
+                h, c = g.op("Where", masks[t], h_new, h), g.op("Where", masks[t], c_new, c)
+                steps_out.append(g.op("Unsqueeze", h_new, t_axis))
+            for kind, final in (("h", h), ("c", c)):
+                g.op("ScatterND", f"{kind}_{d}{k}", scatter_index, final, out=[f"{kind}_{d}{k}_next"])
+            layer = g.op("Concat", *steps_out, axis=1) if window > 1 else steps_out[0]  # (B, W, P)
+            if opt.skip_connections and k > 0:
+                layer = g.op("Add", layer, x)
+            outputs[d].append(layer)
+
+    graph_inputs.append(helper.make_tensor_value_info("positions", TensorProto.INT64, ["positions"]))
+    per_layer = g.const([opt.num_output_layers, -1, opt.proj_dim], "per_layer", i64)
+    for d in DIRECTIONS:
+        stacked = g.op("Concat", *[g.op("Unsqueeze", x, b_axis) for x in outputs[d]], axis=0)  # (L+1, B, W, P)
+        g.op("Gather", g.op("Reshape", stacked, per_layer), "positions", axis=1, out=[f"layers_{d}"])
+        graph_outputs.append(
+            helper.make_tensor_value_info(f"layers_{d}", f32, [opt.num_output_layers, "positions", opt.proj_dim])
+        )
+    graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
+    graph = helper.make_graph(g.nodes, "elmo_bilm_window", graph_inputs, graph_outputs, initializer=g.initializers)
     model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="elmo-export")
     model_proto.ir_version = IR_VERSION
     return model_proto

@@ -195,10 +195,10 @@ class Batcher:
 
     def _take(self) -> list[Item]:
         """Waiting sentences, in order, as many as fit the token budget beside those in flight (at least one
-        when none are). Called with the lock held."""
+        when none are) and the engine's rows. Called with the lock held."""
         taken: list[Item] = []
         in_flight = sum(row.length for row in self._stepper.rows)  # a row's length counts its boundaries, as _tokens
-        while self._queue:
+        while self._queue and len(taken) < self._stepper.room:
             tokens = _tokens(self._queue[0])
             if in_flight + tokens > self.batch_tokens and (taken or self._stepper.rows):
                 break

@@ -1,8 +1,10 @@
 """The ONNX Runtime engine: token lists in, each sentence's layers out. Owns the session and nothing else.
 
-The exported graph takes the batch as unique tokens + indices into them, and runs a window of positions of
-each sentence from a given state (see model_export/onnx_graph.py): `run` is one window covering each whole
-sentence, `run_windows` any windows (service/stepper.py). The char-CNN runs once per distinct token of a
+A model folder holds two graphs of the same biLM (model_export/onnx_graph.py): the Loop graph, fastest on
+the CPU, and the window graph (a fixed window of positions unrolled, static shapes), for CUDA and for reduced
+precision; the manifest says which file is which. Both take the batch as unique tokens + indices into them
+and run a window of positions of each sentence from the state its slot in the engine's state store holds
+(`step`, service/stepper.py); `run` runs whole sentences. The char-CNN runs once per distinct token of a
 call, and not at all for tokens whose vectors the engine kept from earlier calls (`TokenCache`: exactly the
 bits it would compute again). Each sentence is wrapped in <S> ... </S>, the way the biLM was trained, and
 the boundary positions are cut off again before the vectors are returned.
@@ -13,6 +15,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
+import re
+import sys
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -28,7 +34,7 @@ from service.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids
 MANIFEST = "manifest.json"
 # The graph this engine feeds (model_export/onnx_graph.py writes it): bumped whenever the graph changes (inputs,
 # outputs or what it computes fast); an export of another version is refused.
-GRAPH_VERSION = 5
+GRAPH_VERSION = 6
 
 
 class TokenCache:
@@ -73,14 +79,21 @@ Window = tuple[Sequence[str | bytes], int, int]  # a sentence's keys (`sentence_
 
 
 def encode_windows(
-    windows: Sequence[Window], max_chars: int, dim: int, cache: TokenCache | None = None
+    windows: Sequence[Window],
+    max_chars: int,
+    dim: int,
+    cache: TokenCache | None = None,
+    shape: tuple[int, int] | None = None,
+    bucketed: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str | bytes, int]]:
     """The graph's token inputs for a window of positions of each sentence, and what it will encode
     (`char_key` -> row of `token_vectors`).
 
     The backward direction reads positions first..first+n-1 of the sentence reversed. Each distinct key
     appears once (tokens that differ only past the kept bytes share one): encoded from its chars
-    (`token_chars`), or taken from the cache (`cached_vectors`); at least one row is encoded."""
+    (`token_chars`), or taken from the cache (`cached_vectors`); at least one row is encoded. `shape`
+    (rows, steps) pads the index inputs to that shape (the window graph's bucket), and `bucketed` pads the
+    encoded and the cached tokens to a `bucket` size (rows of char id 0 and zero vectors, never read)."""
     forward = [keys[first : first + n] for keys, first, n in windows]
     backward = [keys[len(keys) - first - n : len(keys) - first][::-1] for keys, first, n in windows]
     encode: dict[str | bytes, int] = {}
@@ -97,17 +110,23 @@ def encode_windows(
             cached_vectors.append(vector)
     if not encode:  # the graph's char-CNN needs a row
         encode[BOS_TOKEN] = 0
-    offset = len(encode)  # the indices count the encoded rows first, then the cached ones
+    chars = np.stack([key_char_ids(key, max_chars) for key in encode])
+    if bucketed:
+        chars = np.concatenate([chars, np.zeros((bucket(len(chars)) - len(chars), max_chars), np.int32)])
+        cached_vectors += [np.zeros(dim, np.float32)] * (bucket(len(cached_vectors)) - len(cached_vectors))
+    offset = len(chars)  # the indices count the encoded rows first, then the cached ones
 
-    steps = max(n for _, _, n in windows)
+    rows, steps = shape or (len(windows), max(n for _, _, n in windows))
+    lengths = np.zeros(rows, np.int64)
+    lengths[: len(windows)] = [n for _, _, n in windows]
     feeds = {
-        "token_chars": np.stack([key_char_ids(key, max_chars) for key in encode]),
+        "token_chars": chars,
         "cached_vectors": np.stack(cached_vectors) if cached_vectors else np.zeros((0, dim), np.float32),
-        "lengths": np.array([n for _, _, n in windows], dtype=np.int64),
+        "lengths": lengths,
     }
-    for name, rows in (("index_fwd", forward), ("index_bwd", backward)):
-        index = np.zeros((len(windows), steps), dtype=np.int64)  # padding points at row 0: never read
-        for row, keys in enumerate(rows):
+    for name, rows_keys in (("index_fwd", forward), ("index_bwd", backward)):
+        index = np.zeros((rows, steps), dtype=np.int64)  # padding points at row 0: never read
+        for row, keys in enumerate(rows_keys):
             index[row, : len(keys)] = [encode[k] if k in encode else offset + cached[k] for k in keys]
         feeds[name] = index
     return feeds, encode
@@ -140,6 +159,81 @@ def choose_providers(provider: str) -> list[str]:
     raise ValueError(f"provider must be auto, cuda or cpu, not {provider!r}")
 
 
+def cuda_options(device_id: int, precision: str, cuda_graphs: bool) -> dict[str, str]:
+    """The CUDA provider's options for exact (fp32) or fast (fp16) serving."""
+    return {
+        "device_id": str(device_id),
+        # The provider's default computes fp32 MatMul and Conv in TF32 (10-bit mantissa): 1.8e-3 off the CPU and
+        # batch-dependent on an H100 (../shared/GPU.md). fp32 means fp32; the fp16 graph has no fp32 products.
+        "use_tf32": "0",
+        # EXHAUSTIVE (the default) times every algorithm at each new input shape; HEURISTIC asks cuDNN once.
+        # The char-CNN's shapes come in buckets (`bucket`), so either way the search is bounded.
+        "cudnn_conv_algo_search": "HEURISTIC",
+        "enable_cuda_graph": "1" if cuda_graphs else "0",
+    }
+
+
+def bucket(n: int, floor: int = 16, cap: int | None = None) -> int:
+    """The next power of two >= n, at least `floor` (and at most `cap`): the window graph is fed a few shapes,
+    so that each can be captured as a CUDA graph and ONNX Runtime plans each once."""
+    size = max(floor, 1 << max(0, n - 1).bit_length())
+    return min(size, cap) if cap is not None else size
+
+
+PLACED = re.compile(r"(?:Node\(s\)|All nodes) placed on \[(\w+)\]")
+NODE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s{3,}(\S+ \(.*\))\s*$")
+
+
+def nodes_off(log: str, provider: str) -> list[str]:
+    """The nodes (`OpType (name)`) that ONNX Runtime's verbose session log says it placed on a provider other
+    than `provider` (its "Node placements" report)."""
+    off, current = [], None
+    for line in log.splitlines():
+        if placed := PLACED.search(line):
+            current = placed.group(1)
+        elif (node := NODE.search(line)) and current != provider:
+            off.append(f"{node.group(1)} on {current}")
+    return off
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path):
+    """Send file descriptor 2 (where ONNX Runtime's C++ logger writes) to a file for the duration."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def placed_session(path: Path, options: ort.SessionOptions, providers: list) -> tuple[ort.InferenceSession, str]:
+    """A session whose node placements were logged (ONNX Runtime reports them at its verbose level only), and
+    that log."""
+    options.log_severity_level = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "ort.log"
+        with _stderr_to(log):
+            session = ort.InferenceSession(str(path), options, providers=providers)
+        text = log.read_text(errors="replace")
+    options.log_severity_level = 2
+    return session, text
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One ONNX file of a model folder, as the manifest lists it."""
+
+    file: Path
+    kind: str  # "loop": any positions per call, CPU; "window": `window` positions unrolled, static shapes
+    precision: str  # "fp32" or "fp16"
+    window: int | None
+    entry: dict
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     manifest: dict
@@ -147,7 +241,14 @@ class ModelInfo:
     dim: int  # size of every layer vector
     max_chars: int
     token_dim: int  # size of the char-CNN's token vector (half of dim)
-    model_file: Path
+    graphs: tuple[Graph, ...]
+
+    def graph(self, kind: str, precision: str) -> Graph:
+        for graph in self.graphs:
+            if graph.kind == kind and graph.precision == precision:
+                return graph
+        have = ", ".join(f"{g.kind} {g.precision}" for g in self.graphs)
+        raise ValueError(f"this model folder has no {kind} graph in {precision} (it has: {have}); export it again")
 
 
 def read_manifest(model_dir: str | Path) -> ModelInfo:
@@ -158,29 +259,42 @@ def read_manifest(model_dir: str | Path) -> ModelInfo:
         raise FileNotFoundError(f"{path} not found: is {model_dir} a folder written by elmo-export?")
     try:
         manifest = json.loads(path.read_text())
-        info = ModelInfo(
-            manifest=manifest,
-            num_layers=int(manifest["num_layers"]),
-            dim=int(manifest["output_dim"]),
-            max_chars=int(manifest["architecture"]["char_cnn"]["max_characters_per_token"]),
-            token_dim=int(manifest["architecture"]["lstm"]["projection_dim"]),
-            model_file=Path(model_dir) / manifest.get("model_file", "model.onnx"),
+        fields = (
+            int(manifest["num_layers"]),
+            int(manifest["output_dim"]),
+            int(manifest["architecture"]["char_cnn"]["max_characters_per_token"]),
+            int(manifest["architecture"]["lstm"]["projection_dim"]),
         )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        what = f"no {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
-        raise ValueError(f"{path} is not a manifest written by elmo-export ({what})") from None
+        raise _not_a_manifest(path, err) from None
     if manifest.get("graph_version") != GRAPH_VERSION:
         raise ValueError(
             f"{path} holds graph version {manifest.get('graph_version')}, and this engine feeds version "
             f"{GRAPH_VERSION}: export it again with elmo-export"
         )
-    if not info.model_file.is_file():
-        raise FileNotFoundError(f"{info.model_file} not found: the manifest in {model_dir} names it")
-    return info
+    try:
+        graphs = tuple(Graph(Path(model_dir) / g["file"], g["kind"], g["precision"], g.get("window"), g)
+                       for g in manifest["graphs"])  # fmt: skip
+    except (KeyError, TypeError) as err:
+        raise _not_a_manifest(path, err) from None
+    for graph in graphs:
+        if not graph.file.is_file():
+            raise FileNotFoundError(f"{graph.file} not found: the manifest in {model_dir} names it")
+    return ModelInfo(manifest, *fields, graphs)
+
+
+def _not_a_manifest(path: Path, err: Exception) -> ValueError:
+    what = f"no {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+    return ValueError(f"{path} is not a manifest written by elmo-export ({what})")
 
 
 class Engine:
-    """An ONNX Runtime session on an exported model. Thread-safe: ONNX Runtime allows concurrent `run`s."""
+    """An ONNX Runtime session on one graph of an exported model, and the state store of the rows in flight.
+
+    `step` runs a window of positions of each row from the state its slot holds (slots 1..max_rows; 0 is a
+    scratch slot for the rows that pad a batch to its bucket) and leaves each slot holding the state after
+    its window; on CUDA the store never leaves the device. `run` embeds whole sentences with it. One thread
+    at a time may call `step` or `run` (the batcher's engine thread, or elmo-embed)."""
 
     def __init__(
         self,
@@ -189,10 +303,22 @@ class Engine:
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
         token_cache: int = 50_000,
+        precision: str = "fp32",
+        graph: str = "auto",
+        device_id: int = 0,
+        cuda_graphs: bool = False,
+        max_rows: int = 1024,
     ):
         check_single_runtime()
         self.info = read_manifest(model_dir)
         self.token_cache = TokenCache(token_cache)
+        self.precision, self.max_rows = precision, max_rows
+        names = choose_providers(provider)
+        cuda = names[0] == "CUDAExecutionProvider"
+        if graph == "auto":  # measured: the Loop graph is the faster one on the CPU (README, bench/engine.py)
+            graph = "window" if cuda or precision != "fp32" else "loop"
+        self.graph = self.info.graph(graph, precision)
+        self.window = self.graph.window  # positions per call of the window graph; None: any
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads  # 0: one per core
         options.inter_op_num_threads = inter_op_threads
@@ -201,20 +327,37 @@ class Engine:
         # this graph's shapes (rows, length, distinct and cached tokens) that set keeps growing: an engine fed
         # 10 000 batches of varied shapes grew +13% and was still growing. Off, it levels off, at the same speed.
         options.enable_mem_pattern = False
-        providers = choose_providers(provider)
-        self.session = ort.InferenceSession(str(self.info.model_file), options, providers=providers)
+        if cuda:
+            if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN installed as pip packages (nvidia-*) are found
+                ort.preload_dlls()
+            providers = [("CUDAExecutionProvider", cuda_options(device_id, precision, cuda_graphs)), names[1]]
+            self.session, log = placed_session(self.graph.file, options, providers)
+        else:
+            self.session = ort.InferenceSession(str(self.graph.file), options, providers=names)
         self.provider = self.session.get_providers()[0]
-        # The state each window continues from, h and c per layer and direction: name -> width.
-        self.state_sizes = {i.name: i.shape[1] for i in self.session.get_inputs() if i.name[:2] in ("h_", "c_")}
-        self._outputs = [output.name for output in self.session.get_outputs()]
-        if provider == "cuda" and self.provider != providers[0]:
+        if provider == "cuda" and self.provider != names[0]:
             # ONNX Runtime falls back to the CPU with a warning when CUDA cannot start (no GPU visible, a CUDA
             # or cuDNN library missing): a GPU deployment would look healthy at a fraction of its speed.
             raise RuntimeError(
-                f"provider 'cuda' asked for, but ONNX Runtime could not start {providers[0]} and fell back to "
+                f"provider 'cuda' asked for, but ONNX Runtime could not start {names[0]} and fell back to "
                 f"{self.provider}: is a GPU visible, and are the CUDA and cuDNN libraries onnxruntime-gpu "
                 f"{ort.__version__} needs installed?"
             )
+        if cuda and (off := nodes_off(log, names[0])):
+            # A node on the CPU means copies to and from the host at every call (and no CUDA graph).
+            raise RuntimeError(
+                f"provider 'cuda': ONNX Runtime placed {len(off)} node(s) of {self.graph.file.name} off the GPU: "
+                + ", ".join(off[:10])
+            )
+        # The state each window continues from, h and c per layer and direction: name -> width.
+        self.state_sizes = {i.name: i.shape[1] for i in self.session.get_inputs() if i.name[:2] in ("h_", "c_")}
+        self._outputs = [output.name for output in self.session.get_outputs()]
+        self.device = "cuda" if cuda else "cpu"
+        self._device_id = device_id
+        self._cuda_graphs = cuda and cuda_graphs
+        self._store = self._new_store(max_rows + 1)
+        self._spare = self._new_store(max_rows + 1) if self.window else None  # the window graph writes here
+        self._bound: dict[tuple, tuple] = {}  # CUDA graphs: a bucket's fixed buffers and binding
 
     @property
     def num_layers(self) -> int:
@@ -224,34 +367,133 @@ class Engine:
     def dim(self) -> int:
         return self.info.dim
 
+    def _new_store(self, slots: int) -> dict:
+        """Each state's rows by slot: numpy arrays for the Loop graph, ONNX Runtime values (on the device where
+        there is one) for the window graph, which reads one store and writes the other."""
+        zeros = {name: np.zeros((slots, size), np.float32) for name, size in self.state_sizes.items()}
+        if not self.window:
+            return zeros
+        return {name: ort.OrtValue.ortvalue_from_numpy(z, self.device, self._device_id) for name, z in zeros.items()}
+
     def run(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Each sentence's layers, (num_layers, n_tokens, dim) float32, boundary tokens removed."""
-        if not sentences:
-            return []
-        keys = [sentence_keys(s, self.info.max_chars) for s in sentences]
-        out = self.run_windows([(k, 0, len(k)) for k in keys], np.ones(len(keys), bool), None)
-        fwd, bwd = out["layers_fwd"], out["layers_bwd"]  # (num_layers, B, T, P), bwd in reversed order
         results = []
-        for row, sentence in enumerate(sentences):
-            n = len(sentence)
-            layers = np.empty((self.num_layers, n, self.dim), np.float32)
-            layers[..., : self.info.token_dim] = fwd[:, row, 1 : n + 1]
-            layers[..., self.info.token_dim :] = bwd[:, row, n:0:-1]  # reversed position q is position T-1-q
-            results.append(layers)
+        for first in range(0, len(sentences), self.max_rows):
+            chunk = [sentence_keys(s, self.info.max_chars) for s in sentences[first : first + self.max_rows]]
+            layers = [np.empty((self.num_layers, len(keys), self.dim), np.float32) for keys in chunk]
+            slots, done = np.arange(1, len(chunk) + 1), 0
+            while done < max(map(len, chunk)):  # whole sentences in one call, or window after window
+                windows = [(keys, done, max(0, min(self.window or len(keys), len(keys) - done))) for keys in chunk]
+                fwd, bwd = self.step(windows, np.full(len(chunk), done == 0), slots)
+                place(layers, windows, fwd, bwd, self.info.token_dim)
+                done += self.window or max(map(len, chunk))
+            results += [np.ascontiguousarray(a[:, 1:-1]) for a in layers]
         return results
 
-    def run_windows(
-        self, windows: Sequence[Window], start: np.ndarray, states: dict[str, np.ndarray] | None
-    ) -> dict[str, np.ndarray]:
-        """Run a window of positions of each sentence (see model_export/onnx_graph.py): from the initial
-        state where `start`, else from `states` (each `state_sizes` entry, one row per window; None: all
-        start). Returns every output by name; the char-CNN's new token vectors go to the cache."""
-        feeds, encoded = encode_windows(windows, self.info.max_chars, self.info.token_dim, self.token_cache)
-        feeds["start"] = start
-        for name, size in self.state_sizes.items():
-            feeds[name] = states[name] if states is not None else np.zeros((len(windows), size), np.float32)
-        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds), strict=True))
+    def step(self, windows: Sequence[Window], start: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run a window of positions of each row (see `Window`; 0 positions: the row only keeps its state), from
+        the model's initial state where `start`, else from the state its slot holds; each slot then holds the
+        row's state after its window. Returns the forward and backward layers (L+1, N, P) at the windows'
+        positions, row after row (N: their positions together; the backward ones in the reversed order they
+        were read in). The char-CNN's new token vectors go to the cache."""
+        if self.window:
+            fwd, bwd, token_vectors, encoded = self._step_window(windows, start, slots)
+        else:
+            fwd, bwd, token_vectors, encoded = self._step_loop(windows, start, slots)
         for key, row in encoded.items():
             if key not in (BOS_TOKEN, EOS_TOKEN):  # never looked up in the cache
-                self.token_cache.put(key, out["token_vectors"][row].copy())
-        return out
+                self.token_cache.put(key, token_vectors[row].copy())
+        return fwd, bwd
+
+    def _step_loop(self, windows, start, slots):
+        feeds, encoded = encode_windows(windows, self.info.max_chars, self.info.token_dim, self.token_cache)
+        feeds["start"] = start
+        for name, rows in self._store.items():
+            feeds[name] = rows[slots]
+        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds), strict=True))
+        for name, rows in self._store.items():
+            rows[slots] = out[f"{name}_next"]
+        lengths = [n for _, _, n in windows]
+        fwd, bwd = (np.concatenate([out[f"layers_{d}"][:, i, :n] for i, n in enumerate(lengths)], axis=1)
+                    for d in ("fwd", "bwd"))  # fmt: skip
+        return fwd, bwd, out["token_vectors"], encoded
+
+    def _step_window(self, windows, start, slots):
+        rows, window = bucket(len(windows), 1, self.max_rows), self.window
+        feeds, encoded = encode_windows(
+            windows, self.info.max_chars, self.info.token_dim, self.token_cache, shape=(rows, window), bucketed=True
+        )
+        steps = feeds.pop("lengths")
+        n = int(steps.sum())
+        feeds["steps"] = steps
+        feeds["start"] = np.ones(rows, bool)  # rows that pad the bucket start afresh, in the scratch slot
+        feeds["start"][: len(windows)] = start
+        feeds["slots"] = np.zeros(rows, np.int64)
+        feeds["slots"][: len(windows)] = slots
+        positions = np.zeros(bucket(n, 16, rows * window), np.int64)  # padded with position 0: cut off below
+        positions[:n] = (np.arange(rows)[:, None] * window + np.arange(window))[np.arange(window) < steps[:, None]]
+        feeds["positions"] = positions
+        binding, graph_id, outputs = self._binding(feeds)
+        run_options = ort.RunOptions()
+        if graph_id is not None:
+            run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        self.session.run_with_iobinding(binding, run_options)
+        self._store, self._spare = self._spare, self._store
+        fwd, bwd, token_vectors = (value.numpy() for value in outputs or binding.get_outputs()[-3:])
+        return fwd[:, :n], bwd[:, :n], token_vectors, encoded
+
+    def _binding(self, feeds: dict[str, np.ndarray]) -> tuple[ort.IOBinding, int | None, list | None]:
+        """Bind a window's inputs and outputs: the state stores by reference (the graph reads one and writes
+        the other, on the device), the rest copied in and the layers copied out. With CUDA graphs, every bucket
+        (its shapes, and which store it reads) has its own buffers at fixed addresses, as a captured graph needs,
+        updated in place, and its own graph id; else ONNX Runtime allocates the outputs (None)."""
+        if not self._cuda_graphs:
+            binding = self.session.io_binding()
+            for name, array in feeds.items():
+                binding.bind_cpu_input(name, array)
+            self._bind_stores(binding)
+            for name in LAYER_OUTPUTS:
+                binding.bind_output(name, "cpu")
+            return binding, None, None
+        key = (id(self._store), *(array.shape for array in feeds.values()))
+        if key not in self._bound:
+            inputs = {name: self._device_value(array) for name, array in feeds.items()}
+            binding = self.session.io_binding()
+            for name, value in inputs.items():
+                binding.bind_ortvalue_input(name, value)
+            self._bind_stores(binding)
+            outputs = []
+            for name in LAYER_OUTPUTS:
+                if name == "token_vectors":
+                    shape = (len(feeds["token_chars"]), self.info.token_dim)
+                else:
+                    shape = (self.num_layers, len(feeds["positions"]), self.info.token_dim)
+                outputs.append(self._device_value(np.zeros(shape, np.float32)))
+                binding.bind_ortvalue_output(name, outputs[-1])
+            self._bound[key] = (inputs, binding, outputs, len(self._bound))
+        inputs, binding, outputs, graph_id = self._bound[key]
+        for name, array in feeds.items():
+            inputs[name].update_inplace(array)
+        return binding, graph_id, outputs
+
+    def _device_value(self, array: np.ndarray) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(array, self.device, self._device_id)
+
+    def _bind_stores(self, binding: ort.IOBinding) -> None:
+        for name in self.state_sizes:
+            binding.bind_ortvalue_input(name, self._store[name])
+            binding.bind_ortvalue_output(f"{name}_next", self._spare[name])
+
+
+LAYER_OUTPUTS = ("layers_fwd", "layers_bwd", "token_vectors")
+
+
+def place(layers: list[np.ndarray], windows: Sequence[Window], fwd: np.ndarray, bwd: np.ndarray, half: int) -> None:
+    """Write a step's packed outputs into each row's layers (L+1, T, 2P) (T counts <S> and </S>): the forward
+    half at the window's positions, the backward half at the positions it read, the sentence reversed."""
+    q = 0
+    for row, (keys, first, n) in zip(layers, windows, strict=True):
+        row[:, first : first + n, :half] = fwd[:, q : q + n]
+        end = len(keys) - first
+        row[:, end - n : end, half:] = bwd[:, q : q + n][:, ::-1]
+        q += n

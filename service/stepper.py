@@ -10,9 +10,10 @@ stay full while clients come and go (iteration-level scheduling, as LLM servers 
 several steps so that each layer's input products stay one large product per window, and the per-call
 overhead small).
 
-It is the same graph as a whole run, fed windows (model_export/onnx_graph.py), so a sentence's vectors are
-the same bits window by window as whole, whatever else is in flight (on CPU: tests/test_stepper.py; a GPU's
-kernels may round a product differently for another number of rows).
+Each sentence in flight holds a slot of the engine's state store, where its LSTM state stays between windows
+(on the device, on a GPU). It is the same graph as a whole run, fed windows (model_export/onnx_graph.py), so a
+sentence's vectors are the same bits window by window as whole, whatever else is in flight (on CPU:
+tests/test_stepper.py; a GPU's kernels may round a product differently for another number of rows).
 """
 
 from __future__ import annotations
@@ -21,20 +22,20 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from service.engine import Engine, sentence_keys
+from service.engine import Engine, place, sentence_keys
 
 
 class Row:
     """One sentence in flight: `layers` (L+1, T, 2P) fills in window by window; T counts <S> and </S>."""
 
-    __slots__ = ("keys", "layers", "position", "state", "tag")
+    __slots__ = ("keys", "layers", "position", "slot", "tag")
 
-    def __init__(self, tag: object, keys: list, num_layers: int, dim: int):
+    def __init__(self, tag: object, keys: list, num_layers: int, dim: int, slot: int):
         self.tag = tag  # the caller's, to route the result
         self.keys = keys
         self.layers = np.empty((num_layers, len(keys), dim), np.float32)
         self.position = 0  # positions done
-        self.state: dict[str, np.ndarray] = {}  # h and c per layer and direction after `position`
+        self.slot = slot  # where the engine keeps its state after `position`
 
     @property
     def length(self) -> int:
@@ -46,41 +47,43 @@ class Row:
 
 
 class Stepper:
-    """The sentences in flight on an engine. Not thread-safe: one thread drives it."""
+    """The sentences in flight on an engine, at most `engine.max_rows`. Not thread-safe: one thread drives it."""
 
     def __init__(self, engine: Engine, window: int):
         self.engine = engine
-        self.window = window
+        # The window graph computes its whole window whatever a call asks for: it advances by that window.
+        self.window = engine.window or window
         self.rows: list[Row] = []
-        self._zeros = {name: np.zeros(size, np.float32) for name, size in engine.state_sizes.items()}
+        self._free = list(range(engine.max_rows, 0, -1))  # slots 1..max_rows; slot 0 is the engine's scratch
+
+    @property
+    def room(self) -> int:
+        """How many more sentences may join."""
+        return len(self._free)
 
     def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
-        """Let sentences join: they start with the next `step`."""
+        """Let sentences join (at most `room`): they start with the next `step`."""
         info = self.engine.info
+        if len(sentences) > self.room:
+            raise ValueError(f"{len(sentences)} sentences cannot join: room for {self.room}")
         for sentence, tag in zip(sentences, tags, strict=True):
-            self.rows.append(Row(tag, sentence_keys(sentence, info.max_chars), info.num_layers, info.dim))
+            keys = sentence_keys(sentence, info.max_chars)
+            self.rows.append(Row(tag, keys, info.num_layers, info.dim, self._free.pop()))
 
     def step(self, window: int | None = None) -> list[Row]:
-        """Run the next window (`window` positions, default `self.window`) of every row; returns the rows that
-        finished (and are no longer in flight)."""
-        rows, window = self.rows, window or self.window
+        """Run the next window (`window` positions, default `self.window`; always the window graph's own) of
+        every row; returns the rows that finished (and are no longer in flight)."""
+        rows, window = self.rows, self.engine.window or window or self.window
         windows = [(row.keys, row.position, min(window, row.length - row.position)) for row in rows]
         start = np.array([row.position == 0 for row in rows])
-        states = {
-            name: np.stack([row.state[name] if row.position else zero for row in rows])
-            for name, zero in self._zeros.items()
-        }
-        out = self.engine.run_windows(windows, start, states)
-        fwd, bwd, half = out["layers_fwd"], out["layers_bwd"], self.engine.info.token_dim
-        for i, (row, (_, first, n)) in enumerate(zip(rows, windows, strict=True)):
-            row.layers[:, first : first + n, :half] = fwd[:, i, :n]
-            # the backward direction read positions first..first+n-1 of the sentence reversed
-            end = row.length - first
-            row.layers[:, end - n : end, half:] = bwd[:, i, n - 1 :: -1]
-            row.state = {name: out[f"{name}_next"][i] for name in self._zeros}
+        fwd, bwd = self.engine.step(windows, start, np.array([row.slot for row in rows], np.int64))
+        place([row.layers for row in rows], windows, fwd, bwd, self.engine.info.token_dim)
+        for row, (_, _, n) in zip(rows, windows, strict=True):
             row.position += n
         self.rows = [row for row in rows if row.position < row.length]
-        return [row for row in rows if row.position == row.length]
+        finished = [row for row in rows if row.position == row.length]
+        self._free += [row.slot for row in finished]
+        return finished
 
     def drop(self, unwanted: Callable[[Row], bool]) -> list[Row]:
         """Take the rows for which `unwanted(row)` holds out of flight (their client has gone), and return them."""
@@ -88,9 +91,11 @@ class Stepper:
         for row in self.rows:
             (gone if unwanted(row) else kept).append(row)
         self.rows = kept
+        self._free += [row.slot for row in gone]
         return gone
 
     def clear(self) -> list[Row]:
         """Take every row out of flight (after a failed window: their state is unknown), and return them."""
         rows, self.rows = self.rows, []
+        self._free += [row.slot for row in rows]
         return rows
