@@ -354,7 +354,8 @@ class Engine:
         self._outputs = [output.name for output in self.session.get_outputs()]
         self.device = "cuda" if cuda else "cpu"
         self._device_id = device_id
-        self._cuda_graphs = cuda and cuda_graphs
+        # Fixed buffers per bucket, as a captured CUDA graph replays them; on the CPU too (tests), without capture.
+        self._fixed_buffers = bool(cuda_graphs and self.window)
         self._store = self._new_store(max_rows + 1)
         self._spare = self._new_store(max_rows + 1) if self.window else None  # the window graph writes here
         self._bound: dict[tuple, tuple] = {}  # CUDA graphs: a bucket's fixed buffers and binding
@@ -435,7 +436,7 @@ class Engine:
         feeds["positions"] = positions
         binding, graph_id, outputs = self._binding(feeds)
         run_options = ort.RunOptions()
-        if graph_id is not None:
+        if graph_id is not None and self.device == "cuda":
             run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
         self.session.run_with_iobinding(binding, run_options)
         self._store, self._spare = self._spare, self._store
@@ -447,7 +448,7 @@ class Engine:
         the other, on the device), the rest copied in and the layers copied out. With CUDA graphs, every bucket
         (its shapes, and which store it reads) has its own buffers at fixed addresses, as a captured graph needs,
         updated in place, and its own graph id; else ONNX Runtime allocates the outputs (None)."""
-        if not self._cuda_graphs:
+        if not self._fixed_buffers:
             binding = self.session.io_binding()
             for name, array in feeds.items():
                 binding.bind_cpu_input(name, array)
