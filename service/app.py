@@ -73,6 +73,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 settings.intra_op_threads,
                 settings.inter_op_threads,
                 settings.token_cache,
+                precision=settings.precision,
+                device_id=settings.device_id,
+                cuda_graphs=settings.cuda_graphs,
+                max_rows=settings.max_rows,
             )
         except Exception as err:  # a corrupt model file, most likely: say so, and never serve half-ready
             message = f"cannot load the model from {settings.model_dir}: {type(err).__name__}: {err}"
@@ -284,6 +288,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "dim": engine.dim,
                 "num_layers": engine.num_layers,
                 "provider": engine.provider,
+                # the graph served, and what its precision costs (measured at export; bench/gpu.py on a GPU)
+                "precision": engine.graph.precision,
+                "graph": engine.graph.entry,
                 "manifest": engine.info.manifest,
                 "settings": settings.public(),
                 "limits": {

@@ -30,6 +30,11 @@ def embed_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
     parser.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
+    parser.add_argument(
+        "--precision", default="fp32", choices=["fp32", "fp16"], help="fp32: exact (default); fp16: reduced, opt-in"
+    )
+    parser.add_argument("--device-id", type=int, default=0, help="the GPU to run on (CUDA device order)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="capture each batch shape as a CUDA graph")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument(
         "--shard",
@@ -43,7 +48,14 @@ def embed_main(argv: list[str] | None = None) -> int:
     if args.batch_tokens < 1:
         parser.error("--batch-tokens must be at least 1")
     try:
-        engine = Engine(args.model, provider=args.provider, intra_op_threads=args.threads)
+        engine = Engine(
+            args.model,
+            provider=args.provider,
+            intra_op_threads=args.threads,
+            precision=args.precision,
+            device_id=args.device_id,
+            cuda_graphs=args.cuda_graphs,
+        )
         stats = embed_file(
             engine, args.input, args.output, args.batch_tokens, progress=not args.no_progress, shard=args.shard
         )

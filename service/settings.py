@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(0, ge=0, description="0: one per core")
     inter_op_threads: int = Field(0, ge=0)
     token_cache: int = Field(50_000, ge=0, description="token vectors kept for frequent words (0: none)")
+    precision: str = Field(
+        "fp32", pattern="^(fp32|fp16)$", description="fp32: exact (1e-5); fp16: the reduced-precision graph (opt-in)"
+    )
+    device_id: int = Field(0, ge=0, description="the GPU to run on (CUDA device order)")
+    cuda_graphs: bool = Field(False, description="capture each batch shape as a CUDA graph (CUDA only)")
+    max_rows: int = Field(1024, ge=1, description="sentences in flight at most (slots of the engine's state store)")
 
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")
     drain_s: float = Field(30.0, ge=0, description="on SIGTERM, how long requests in flight may take to finish")

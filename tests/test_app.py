@@ -397,6 +397,10 @@ def test_info(client, server, tiny_model_dir):
     assert info["provider"] == "CPUExecutionProvider"
     assert info["manifest"]["num_layers"] == NUM_LAYERS and info["manifest"]["output_dim"] == DIM
     assert info["manifest"]["parity"]["max_abs_error"] <= 1e-5
+    # the CPU serves the Loop graph in fp32; the manifest lists the window graphs for CUDA and fp16 beside it
+    assert info["precision"] == "fp32" and (info["graph"]["file"], info["graph"]["kind"]) == ("model.onnx", "loop")
+    assert [g["precision"] for g in info["manifest"]["graphs"]] == ["fp32", "fp32", "fp16"]
+    assert info["settings"]["precision"] == "fp32" and info["settings"]["cuda_graphs"] is False
     limits = info["limits"]
     assert (limits["max_sentences"], limits["max_tokens_per_sentence"]) == (MAX_SENTENCES, MAX_TOKENS)
     assert limits["max_body_bytes"] == MAX_BODY and limits["batch_tokens"] == 4096

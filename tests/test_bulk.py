@@ -132,3 +132,14 @@ def test_batches_respect_the_padded_token_budget():
         padded = len(batch) * (max(lengths[i] for i in batch) + 2)
         assert padded <= 64 or len(batch) == 1
         assert [lengths[i] for i in batch] == sorted((lengths[i] for i in batch), reverse=True)
+
+
+def test_fp16_on_the_command_line_is_close_to_fp32(tiny_model_dir, sentences, expected, tmp_path):
+    # --precision fp16 runs the reduced-precision window graph (here on the CPU's fp16 products)
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(" ".join(s) for s in sentences) + "\n")
+    run = embed_cli(tiny_model_dir, source, tmp_path / "out.hdf5", "--precision", "fp16", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    got, _ = read_embeddings(tmp_path / "out.hdf5")
+    error = max(float(np.abs(got[i] - want).max()) for i, want in enumerate(expected))
+    assert 0 < error <= 1e-2  # not the fp32 graph's numbers, and near them

@@ -1,0 +1,151 @@
+"""The window graph (the GPU's): positions unrolled, padding masked, static shapes, state in slots. Exact
+against allennlp and PyTorch on the CPU, window by window as whole, whatever else is in the batch; its fp16
+variant close to fp32; what a CUDA session needs (no Loop, nothing that sends values to the host, a bounded
+set of shapes, every node on the GPU) checked here where it can be without a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from model_export.export import cosine_min
+from service.engine import Engine, bucket, nodes_off, placed_session
+from service.stepper import Stepper
+from tests.conftest import max_error
+from tests.test_stepper import staggered
+
+WINDOW = 32  # what elmo-export writes
+
+
+@pytest.fixture(scope="module")
+def window_engine(tiny_model_dir) -> Engine:
+    return Engine(tiny_model_dir, provider="cpu", graph="window", intra_op_threads=2)
+
+
+def test_the_folder_holds_three_graphs_and_says_which_is_which(tiny_model_dir):
+    graphs = json.loads((tiny_model_dir / "manifest.json").read_text())["graphs"]
+    assert [(g["file"], g["kind"], g["precision"], g["window"]) for g in graphs] == [
+        ("model.onnx", "loop", "fp32", None),
+        ("model_window.onnx", "window", "fp32", WINDOW),
+        ("model_window_fp16.onnx", "window", "fp16", WINDOW),
+    ]
+    assert graphs[0]["parity"]["max_abs_error"] <= 1e-5 and graphs[1]["parity"]["max_abs_error"] <= 1e-5
+    assert graphs[2]["accuracy"]["min_cosine_vs_fp32"] >= 0.9999
+
+
+def test_the_engine_picks_the_loop_graph_on_the_cpu_and_the_window_graph_for_fp16(tiny_model_dir, engine):
+    assert (engine.graph.kind, engine.window) == ("loop", None)
+    half = Engine(tiny_model_dir, provider="cpu", precision="fp16")
+    assert (half.graph.kind, half.graph.precision, half.window) == ("window", "fp16", WINDOW)
+
+
+def test_window_graph_matches_allennlp_on_every_layer(window_engine, sentences, expected):
+    assert max(len(s) for s in sentences) + 2 > WINDOW  # the longest sentences take two windows
+    assert max_error(window_engine.run(sentences), expected) <= 1e-5
+
+
+def test_window_graph_is_the_loop_graphs_numbers(window_engine, engine, sentences):
+    assert max_error(window_engine.run(sentences), engine.run(sentences)) <= 1e-6
+
+
+def test_a_sentence_alone_is_the_same_bits_as_in_any_batch(window_engine, sentences):
+    together = window_engine.run(sentences)
+    beside_a_long_one = window_engine.run([["x"] * 300, *sentences[:5]])[1:]
+    for i, sentence in enumerate(sentences[:5]):
+        alone = window_engine.run([sentence])[0]
+        np.testing.assert_array_equal(alone, together[i])
+        np.testing.assert_array_equal(alone, beside_a_long_one[i])
+
+
+def test_rows_joining_between_windows_get_the_bits_of_a_whole_run(window_engine, sentences):
+    want = window_engine.run(sentences)
+    got, windows = staggered(Stepper(window_engine, 8), sentences, seed=1)
+    assert windows >= 2  # the longest sentence took two windows of 32 at least
+    for i, w in enumerate(want):
+        np.testing.assert_array_equal(got[i], w)
+
+
+def test_the_stepper_advances_by_the_graphs_window(window_engine):
+    assert Stepper(window_engine, 8).window == WINDOW  # the graph computes 32 positions whatever is asked
+    stepper = Stepper(window_engine, 8)
+    stepper.admit([["a"] * 40], [0])
+    assert stepper.step(window=3) == [] and stepper.rows[0].position == WINDOW
+
+
+def test_rows_are_bounded_by_the_slots(tiny_model_dir):
+    small = Engine(tiny_model_dir, provider="cpu", graph="window", max_rows=4)
+    stepper = Stepper(small, 8)
+    stepper.admit([["a"]] * 4, range(4))
+    assert stepper.room == 0
+    with pytest.raises(ValueError, match="room for 0"):
+        stepper.admit([["b"]], [4])
+    assert len(stepper.step()) == 4 and stepper.room == 4  # finished rows give their slots back
+    many = [["w"] * (i % 7 + 1) for i in range(11)]  # run() goes max_rows sentences at a time
+    assert max_error(small.run(many), Engine(tiny_model_dir, provider="cpu").run(many)) <= 1e-6
+
+
+def test_fixed_buffers_per_bucket_give_the_same_numbers(tiny_model_dir, window_engine, sentences):
+    # What a captured CUDA graph replays: every bucket bound once to buffers at fixed addresses, updated in place,
+    # reading one state store and writing the other. The capture itself needs a GPU; the bindings run here.
+    fixed = Engine(tiny_model_dir, provider="cpu", graph="window", cuda_graphs=True)
+    for _ in range(2):
+        assert max_error(fixed.run(sentences), window_engine.run(sentences)) == 0.0
+    assert max_error(fixed.run(sentences[:3]), window_engine.run(sentences[:3])) == 0.0
+    got, _ = staggered(Stepper(fixed, 8), sentences, seed=2)
+    np.testing.assert_array_equal(got[7], window_engine.run([sentences[7]])[0])
+    assert 0 < len(fixed._bound) <= 16  # a few buckets, reused, not one binding per call
+
+
+def test_fp16_stays_close_to_fp32(tiny_model_dir, window_engine, sentences):
+    half = Engine(tiny_model_dir, provider="cpu", precision="fp16")
+    got, want = half.run(sentences), window_engine.run(sentences)
+    assert max_error(got, want) <= 1e-2 and cosine_min(got, want) >= 0.9999
+    model = onnx.load(str(half.graph.file))
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    assert all(i.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for i in model.graph.output)
+
+
+def test_the_window_graph_has_nothing_a_cuda_graph_cannot_hold(tiny_model_dir):
+    for name in ("model_window.onnx", "model_window_fp16.onnx"):
+        model = onnx.load(str(tiny_model_dir / name))
+        ops = {node.op_type for node in model.graph.node}
+        # no control flow (run from the host), no op whose output shape depends on values (read on the host)
+        assert not ops & {"Loop", "If", "Scan", "NonZero", "Shape", "TopK", "Range", "Expand", "ConstantOfShape"}
+        index = next(i for i in model.graph.input if i.name == "index_fwd")
+        assert [d.dim_value or d.dim_param for d in index.type.tensor_type.shape.dim] == ["batch", WINDOW]
+
+
+def test_buckets_are_powers_of_two_within_bounds():
+    assert [bucket(n) for n in (0, 1, 16, 17, 100, 1000)] == [16, 16, 16, 32, 128, 1024]
+    assert [bucket(n, 1, 1024) for n in (1, 3, 33, 1000, 1024)] == [1, 4, 64, 1024, 1024]
+    assert bucket(700, 1, 600) == 600  # the top bucket is the slot count
+
+
+def test_placement_of_a_real_cpu_session_is_read_from_its_log(tiny_model_dir):
+    options = ort.SessionOptions()
+    session, log = placed_session(tiny_model_dir / "model_window.onnx", options, ["CPUExecutionProvider"])
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert "placed on [CPUExecutionProvider]" in log
+    assert nodes_off(log, "CPUExecutionProvider") == []
+
+
+def test_nodes_placed_off_the_gpu_are_named():
+    # Recorded in ONNX Runtime's verbose format: a CUDA session cannot start here (no GPU).
+    log = "\n".join(
+        [
+            "[V:onnxruntime:, session_state.cc:1598 VerifyEachNodeIsAssignedToAnEp] Node placements",
+            "[V:onnxruntime:, session_state.cc:1601 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on "
+            "[CUDAExecutionProvider]. Number of nodes: 2",
+            "[V:onnxruntime:, session_state.cc:1603 VerifyEachNodeIsAssignedToAnEp]   MatMul (matmul_3)",
+            "[V:onnxruntime:, session_state.cc:1603 VerifyEachNodeIsAssignedToAnEp]   Gemm (gemm_4)",
+            "[V:onnxruntime:, session_state.cc:1601 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on "
+            "[CPUExecutionProvider]. Number of nodes: 1",
+            "[V:onnxruntime:, session_state.cc:1603 VerifyEachNodeIsAssignedToAnEp]   Less (less_7)",
+        ]
+    )
+    assert nodes_off(log, "CUDAExecutionProvider") == ["Less (less_7) on CPUExecutionProvider"]
+    assert nodes_off(log.replace("CPUExecutionProvider", "CUDAExecutionProvider"), "CUDAExecutionProvider") == []
