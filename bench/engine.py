@@ -1,6 +1,6 @@
 """Engine speed on the full-size published architecture (random weights): ONNX Runtime vs the PyTorch module.
 
-    .venv/bin/python -m bench.engine [--threads 2] [--provider cpu|cuda] [--batches 1,32]
+    .venv/bin/python -m bench.engine [--threads 2] [--provider cpu|cuda] [--batches 1,32] [--graph loop|window]
 
 Prints tokens/s of each path at each batch size on the fixture sentences (for ONNX Runtime also with the
 batches cut from length-sorted sentences, as a bulk job cuts them), the machine's fp32 GEMM rate,
@@ -44,12 +44,18 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--seconds", type=float, default=10.0, help="minimum timed seconds per figure")
     parser.add_argument("--no-torch", action="store_true", help="ONNX Runtime only (e.g. on a GPU machine)")
+    parser.add_argument(
+        "--graph",
+        default="auto",
+        choices=["auto", "loop", "window"],
+        help="which of the model's graphs (auto: the engine's choice)",
+    )
     args = parser.parse_args()
 
     opt = load_options(FULL_OPTIONS)
     folder = full_size_model()
     sentences = fixture_sentences()
-    engine = Engine(folder / "onnx", provider=args.provider, intra_op_threads=args.threads)
+    engine = Engine(folder / "onnx", provider=args.provider, intra_op_threads=args.threads, graph=args.graph)
     torch.set_num_threads(args.threads)
     model = None if args.no_torch else load_bilm(folder / "options.json", folder / "weights.hdf5")
 
@@ -65,7 +71,8 @@ def main() -> None:
     measured = ", ".join(f"{name} {r / 1e9:.0f}" for name, r in rates.items())
     print(f"machine: fp32 GEMM 2048x2048x4096, {args.threads} threads, GFLOP/s: {measured}; yardstick {rate / 1e9:.0f}")
     print(f"model: {macs / 1e6:.1f} M multiply-adds per token")
-    print(f"provider: {engine.provider}; {len(sentences)} sentences, {sum(map(len, sentences))} tokens")
+    tokens = sum(map(len, sentences))
+    print(f"provider: {engine.provider}, {engine.graph.kind} graph; {len(sentences)} sentences, {tokens} tokens")
     print(f"{'path':<16}{'batch':>6}{'tokens/s':>11}{'GEMM share':>12}")
     for batch in map(int, args.batches.split(",")):
         data = sentences * max(1, -(-batch // len(sentences)))  # at least one full batch

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from model_export.export import ExportError, export_published
+from model_export.export import WINDOW, ExportError, export_published
 from model_export.train import train
 
 
@@ -25,11 +25,16 @@ def export_main(argv: list[str] | None = None) -> int:
         "final state over --warmup-text",
     )
     parser.add_argument("--warmup-text", help="tokenized text, one sentence per line (with --initial-state warm)")
+    parser.add_argument(
+        "--window", type=int, default=WINDOW, help=f"positions the GPU's window graph unrolls (default {WINDOW})"
+    )
     args = parser.parse_args(argv)
     if (args.initial_state == "warm") != (args.warmup_text is not None):
         parser.error("--initial-state warm and --warmup-text FILE go together")
+    if args.window < 1:
+        parser.error("--window must be at least 1")
     try:
-        manifest = export_published(args.options, args.weights, args.out, args.warmup_text)
+        manifest = export_published(args.options, args.weights, args.out, args.warmup_text, window=args.window)
     except (ExportError, ValueError, OSError) as err:
         print(f"elmo-export: {err}", file=sys.stderr)
         return 1
@@ -37,7 +42,9 @@ def export_main(argv: list[str] | None = None) -> int:
     print(
         f"wrote {args.out}/model.onnx: {manifest['num_layers']} layers of {manifest['output_dim']}, "
         f"{manifest['initial_state']} initial state, "
-        f"max abs error vs PyTorch {parity['max_abs_error']:.2e} (tolerance {parity['tolerance']:g})"
+        f"max abs error vs PyTorch {parity['max_abs_error']:.2e} (tolerance {parity['tolerance']:g}); "
+        f"also model_window.onnx (CUDA, window {args.window}) and model_window_fp16.onnx (cosine to fp32 "
+        f"{manifest['graphs'][2]['accuracy']['min_cosine_vs_fp32']:.6f})"
     )
     return 0
 

@@ -159,14 +159,18 @@ def export_model(
 
 
 def export_published(
-    options_path: str | Path, weights_path: str | Path, out_dir: str | Path, warmup_text: str | Path | None = None
+    options_path: str | Path,
+    weights_path: str | Path,
+    out_dir: str | Path,
+    warmup_text: str | Path | None = None,
+    window: int = WINDOW,
 ) -> dict:
     """Export a published-layout model; with `warmup_text` (tokenized, one sentence per line) every sentence
     starts from the warm state computed on it (model_export.initial_state), else from zero."""
     model = load_bilm(options_path, weights_path)
     sources = {"options": Path(options_path), "weights": Path(weights_path)}
     if warmup_text is None:
-        return export_model(model, out_dir, sources)
+        return export_model(model, out_dir, sources, window)
     sentences = [line.split() for line in Path(warmup_text).read_text(encoding="utf-8").splitlines() if line.strip()]
     model.set_initial_state(mean_final_state(model, sentences))
-    return export_model(model, out_dir, sources | {"warmup_text": Path(warmup_text)})
+    return export_model(model, out_dir, sources | {"warmup_text": Path(warmup_text)}, window)
