@@ -111,3 +111,26 @@ def test_batches_are_whole_and_the_sorted_pool_is_sorted(sentences):
     lengths = [len(s) for b in ordered for s in b]
     assert lengths == sorted(lengths)
     assert batches_of(sentences, 1, "fixture") == [[s] for s in sentences]
+
+
+def test_allennlp_baseline_is_run_per_batch_on_the_device(tmp_path, tiny_dir, sentences):
+    """The glue to bench/allennlp_baseline.py, with a stand-in interpreter that echoes the script's last line."""
+    from bench.gpu import ALLENNLP_SCRIPT, allennlp
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'if [ "$9" = 13 ]; then echo "Traceback: boom" >&2; exit 1; fi\n'
+        'echo "loading..."; echo \'{"impl": "allennlp-2.10.1", "tokens_per_s": 1234.5}\'\n'
+    )
+    fake.chmod(0o755)
+    paths = {"options": tiny_dir / "options.json", "weights": tiny_dir / "lm_weights.hdf5"}
+    result = allennlp(str(fake), paths, sentences, [4, 13], "cuda:0", 0.1)
+    assert result["4"] == 1234.5
+    assert result["13"] == {"error": ["Traceback: boom"]}
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(str(ALLENNLP_SCRIPT)) and "--device cuda:0" in lines[0]
+    assert "--batch-size 4 " in lines[0] and "--warmup 2" in lines[0]
