@@ -129,6 +129,8 @@ def placement(model_dir: Path, provider: str, device_id: int) -> dict[str, dict]
     """For each graph file: the copies to and from the host that ONNX Runtime put in its optimized graph, and
     the nodes it placed off the provider, with the session options the engine uses."""
     names = choose_providers(provider)
+    if names[0] == "CUDAExecutionProvider" and hasattr(ort, "preload_dlls"):  # as the engine does
+        ort.preload_dlls()
     result = {}
     for graph in read_manifest(model_dir).graphs:
         providers = list(names)
@@ -144,19 +146,27 @@ def placement(model_dir: Path, provider: str, device_id: int) -> dict[str, dict]
             options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "w.bin")
             options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
             session, log = placed_session(graph.file, options, providers)
+            started = session.get_providers()[0]  # ONNX Runtime falls back to the CPU when CUDA cannot start
             del session
-            counts = op_counts(onnx.load(str(optimized), load_external_data=False).graph)
+            try:
+                counts = op_counts(onnx.load(str(optimized), load_external_data=False).graph)
+                error = None
+            except Exception as err:  # no optimized model written: keep the placement, say why
+                counts, error = None, f"{type(err).__name__}: {err}"
         off = nodes_off(log, names[0])
         result[graph.file.name] = {
             "kind": graph.kind,
             "precision": graph.precision,
             "window": graph.window,
-            "memcpy_to_host": counts["MemcpyToHost"],
-            "memcpy_from_host": counts["MemcpyFromHost"],
-            "nodes": sum(counts.values()),
+            "provider": started,
+            "memcpy_to_host": None if counts is None else counts["MemcpyToHost"],
+            "memcpy_from_host": None if counts is None else counts["MemcpyFromHost"],
+            "nodes": None if counts is None else sum(counts.values()),
             "nodes_off_provider": len(off),
             "off_provider": off[:50],
         }
+        if error:
+            result[graph.file.name]["error"] = error
     return result
 
 
@@ -513,7 +523,8 @@ def markdown(report: dict) -> str:
     lines += ["", "placement (optimized graph):", "", "| graph | copies to host | copies from host | nodes off |",
               "|---|---|---|---|"]  # fmt: skip
     for file, p in report["placement"].items():
-        lines.append(f"| {file} | {p['memcpy_to_host']} | {p['memcpy_from_host']} | {p['nodes_off_provider']} |")
+        copies = [fmt(p["memcpy_to_host"]), fmt(p["memcpy_from_host"])]
+        lines.append(f"| {file} | {' | '.join(copies)} | {p['nodes_off_provider']} |")
     lines += [""] + [f"- {note}" for note in report["notes"]]
     return "\n".join(lines).rstrip() + "\n"
 

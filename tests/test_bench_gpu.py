@@ -43,7 +43,7 @@ def test_placement_on_the_cpu_has_no_copies_and_no_node_elsewhere(run):
     for graph in placement.values():
         assert graph["memcpy_to_host"] == 0 and graph["memcpy_from_host"] == 0
         assert graph["nodes_off_provider"] == 0 and graph["off_provider"] == []
-        assert graph["nodes"] > 10
+        assert graph["nodes"] > 10 and graph["provider"] == "CPUExecutionProvider" and "error" not in graph
 
 
 def test_parity_and_batch_independence(run):
