@@ -13,6 +13,11 @@ Run it with /work/allennlp-venv/bin/python; create that venv with (in order):
     /work/allennlp-venv/bin/pip install numpy h5py requests "rich>=12.1,<13.0" dill base58 \
         "termcolor==1.1.0" more-itertools tqdm lmdb
 
+`--device cuda` runs `_ElmoBiLm` and the char ids on the GPU (fp32, TF32 off, as the project's engine);
+`--warmup N` embeds the first batch N times untimed first. On a GPU machine, install allennlp with --no-deps
+beside a CUDA torch (e.g. `pip install --target DIR`, then PYTHONPATH=DIR) rather than the CPU torch above.
+bench/gpu.py runs this script with `--allennlp PYTHON`.
+
 Heavy packages that allennlp imports but ELMo never uses (transformers, spacy,
 nltk, torchvision, fairscale, boto3, google-cloud, huggingface_hub, ...) are
 replaced by inert stub modules below, so nothing downloads or loads them.
@@ -127,12 +132,21 @@ def main():
     parser.add_argument(
         "--stateless", action="store_true", help="reset the biLM LSTM states to zero before every batch"
     )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where _ElmoBiLm and the char ids go")
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="embed the first batch this many times, untimed, before the timed run"
+    )
     args = parser.parse_args()
 
     import h5py
     import torch
 
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        # fp32 means fp32, as the project's engine on CUDA (cuDNN's convolutions default to TF32 on Ampere+)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
     from allennlp.common.util import lazy_groups_of
     from allennlp.modules.elmo import _ElmoBiLm, batch_to_ids
@@ -141,11 +155,12 @@ def main():
     t0 = time.perf_counter()
     elmo_bilm = _ElmoBiLm(args.options, args.weights)
     elmo_bilm.eval()
+    elmo_bilm.to(device)
     load_s = time.perf_counter() - t0
 
     # What allennlp 0.9's `elmo --all` command did per batch, written against the 2.10.1 API.
     def batch_to_embeddings(batch):
-        character_ids = batch_to_ids(batch)
+        character_ids = batch_to_ids(batch).to(device)
         bilm_output = elmo_bilm(character_ids)
         layer_activations = bilm_output["activations"]
         mask_with_bos_eos = bilm_output["mask"]
@@ -173,6 +188,8 @@ def main():
     embed_s = 0.0
     results = []
     with torch.no_grad():
+        for _ in range(args.warmup):  # CUDA's context, cuDNN's algorithm choice, the allocator's pool
+            embed_batch(split_sentences[: args.batch_size])
         for batch in lazy_groups_of(split_sentences, args.batch_size):
             t0 = time.perf_counter()
             if args.stateless:
@@ -199,6 +216,8 @@ def main():
         "tokens": n_tokens,
         "batch_size": args.batch_size,
         "threads": args.threads,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "warmup": args.warmup,
         "stateless": args.stateless,
         "load_s": round(load_s, 4),
         "embed_s": round(embed_s, 4),

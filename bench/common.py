@@ -19,11 +19,10 @@ def fixture_sentences() -> list[list[str]]:
     return json.loads(SENTENCES.read_text())
 
 
-def full_size_model(options: Path = FULL_OPTIONS, seed: int = 0) -> Path:
+def full_size_model(options: Path = FULL_OPTIONS, seed: int = 0, window: int | None = None) -> Path:
     """Export (once, cached under build/bench/) a model of the given architecture with random weights,
-    written to and read back from the published hdf5 layout first, as a real ELMo would be."""
-    from model_export.export import export_published
-    from model_export.onnx_graph import GRAPH_VERSION
+    written to and read back from the published hdf5 layout first, as a real ELMo would be. The export is
+    in `onnx/` (the window graphs' default window), or in `onnx-w<window>/` for another window."""
     from model_export.options import load_options
     from model_export.weights import random_bilm, write_published_weights
 
@@ -32,22 +31,39 @@ def full_size_model(options: Path = FULL_OPTIONS, seed: int = 0) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         (out / "options.json").write_text(options.read_text())
         write_published_weights(random_bilm(load_options(options), seed=seed), out / "weights.hdf5")
-    manifest = out / "onnx" / "manifest.json"
-    if not manifest.exists() or json.loads(manifest.read_text()).get("graph_version") != GRAPH_VERSION:
-        export_published(out / "options.json", out / "weights.hdf5", out / "onnx")
+    _export_once(out / "options.json", out / "weights.hdf5", out / onnx_folder("onnx", window), window)
     return out
 
 
-def tiny_model() -> Path:
-    """The tiny fixture biLM (output dim 32) exported once under build/bench/, as the tests export it."""
-    from model_export.export import export_published
+def tiny_model(window: int | None = None) -> Path:
+    """The tiny fixture biLM (output dim 32) exported once under build/bench/, as the tests export it
+    (`elmo-tiny/`, or `elmo-tiny-w<window>/` for another window than the default)."""
+    out = BUILD / onnx_folder("elmo-tiny", window)
+    _export_once(TINY / "options.json", TINY / "lm_weights.hdf5", out, window)
+    return out
+
+
+def onnx_folder(name: str, window: int | None) -> str:
+    from model_export.export import WINDOW
+
+    return name if window in (None, WINDOW) else f"{name}-w{window}"
+
+
+def _export_once(options: Path, weights: Path, out: Path, window: int | None) -> None:
+    """Export unless `out` already holds this graph version with this window."""
+    from model_export.export import WINDOW, export_model
     from model_export.onnx_graph import GRAPH_VERSION
+    from model_export.weights import load_bilm
 
-    out = BUILD / "elmo-tiny"
+    window = window or WINDOW
     manifest = out / "manifest.json"
-    if not manifest.exists() or json.loads(manifest.read_text()).get("graph_version") != GRAPH_VERSION:
-        export_published(TINY / "options.json", TINY / "lm_weights.hdf5", out)
-    return out
+    if manifest.exists():
+        written = json.loads(manifest.read_text())
+        windows = {g.get("window") for g in written.get("graphs", []) if g.get("kind") == "window"}
+        if written.get("graph_version") == GRAPH_VERSION and windows == {window}:
+            return
+    sources = {"options": options, "weights": weights}
+    export_model(load_bilm(options, weights), out, sources, window=window)
 
 
 def gemm_rate(threads: int, n: int = 2048, k: int = 2048, m: int = 4096, repeats: int = 5) -> dict[str, float]:

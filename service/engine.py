@@ -330,7 +330,8 @@ class Engine:
         if cuda:
             if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN installed as pip packages (nvidia-*) are found
                 ort.preload_dlls()
-            providers = [("CUDAExecutionProvider", cuda_options(device_id, precision, cuda_graphs)), names[1]]
+            capture = cuda_graphs and self.graph.kind == "window"  # a graph with a Loop cannot be captured
+            providers = [("CUDAExecutionProvider", cuda_options(device_id, precision, capture)), names[1]]
             self.session, log = placed_session(self.graph.file, options, providers)
         else:
             self.session = ort.InferenceSession(str(self.graph.file), options, providers=names)
@@ -411,7 +412,7 @@ class Engine:
         feeds["start"] = start
         for name, rows in self._store.items():
             feeds[name] = rows[slots]
-        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds), strict=True))
+        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds, _run_options()), strict=True))
         for name, rows in self._store.items():
             rows[slots] = out[f"{name}_next"]
         lengths = [n for _, _, n in windows]
@@ -435,9 +436,9 @@ class Engine:
         positions[:n] = (np.arange(rows)[:, None] * window + np.arange(window))[np.arange(window) < steps[:, None]]
         feeds["positions"] = positions
         binding, graph_id, outputs = self._binding(feeds)
-        run_options = ort.RunOptions()
-        if graph_id is not None and self.device == "cuda":
-            run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        run_options = _run_options()
+        if self._fixed_buffers and self.device == "cuda":  # -1: run this bucket uncaptured
+            run_options.add_run_config_entry("gpu_graph_id", str(graph_id if graph_id is not None else -1))
         self.session.run_with_iobinding(binding, run_options)
         self._store, self._spare = self._spare, self._store
         fwd, bwd, token_vectors = (value.numpy() for value in outputs or binding.get_outputs()[-3:])
@@ -446,9 +447,12 @@ class Engine:
     def _binding(self, feeds: dict[str, np.ndarray]) -> tuple[ort.IOBinding, int | None, list | None]:
         """Bind a window's inputs and outputs: the state stores by reference (the graph reads one and writes
         the other, on the device), the rest copied in and the layers copied out. With CUDA graphs, every bucket
-        (its shapes, and which store it reads) has its own buffers at fixed addresses, as a captured graph needs,
-        updated in place, and its own graph id; else ONNX Runtime allocates the outputs (None)."""
-        if not self._fixed_buffers:
+        (its shapes, and which store it reads; at most CAPTURED_BUCKETS of up to CAPTURED_ROWS rows) has its own
+        buffers at fixed addresses, as a captured graph needs, updated in place, and its own graph id; else ONNX
+        Runtime allocates the outputs (None)."""
+        key = (id(self._store), *(array.shape for array in feeds.values()))
+        captured = key in self._bound or (len(self._bound) < CAPTURED_BUCKETS and len(feeds["steps"]) <= CAPTURED_ROWS)
+        if not (self._fixed_buffers and captured):
             binding = self.session.io_binding()
             for name, array in feeds.items():
                 binding.bind_cpu_input(name, array)
@@ -456,7 +460,6 @@ class Engine:
             for name in LAYER_OUTPUTS:
                 binding.bind_output(name, "cpu")
             return binding, None, None
-        key = (id(self._store), *(array.shape for array in feeds.values()))
         if key not in self._bound:
             inputs = {name: self._device_value(array) for name, array in feeds.items()}
             binding = self.session.io_binding()
@@ -471,7 +474,7 @@ class Engine:
                     shape = (self.num_layers, len(feeds["positions"]), self.info.token_dim)
                 outputs.append(self._device_value(np.zeros(shape, np.float32)))
                 binding.bind_ortvalue_output(name, outputs[-1])
-            self._bound[key] = (inputs, binding, outputs, len(self._bound))
+            self._bound[key] = (inputs, binding, outputs, len(self._bound) + 1)  # ids from 1: 0 is the default
         inputs, binding, outputs, graph_id = self._bound[key]
         for name, array in feeds.items():
             inputs[name].update_inplace(array)
@@ -487,6 +490,18 @@ class Engine:
 
 
 LAYER_OUTPUTS = ("layers_fwd", "layers_bwd", "token_vectors")
+# CUDA graphs pay where kernel launches dominate, at few rows; each captured bucket keeps its own buffers (the layers
+# of 1024 rows are 200 MB on the full-size model), so only buckets of up to CAPTURED_ROWS rows are captured, and at
+# most CAPTURED_BUCKETS of them (the first ones seen); the rest run uncaptured.
+CAPTURED_ROWS, CAPTURED_BUCKETS = 64, 32
+
+
+def _run_options() -> ort.RunOptions:
+    # The session was made at the verbose level to read its placement report (`placed_session`): runs log at the
+    # warning level.
+    options = ort.RunOptions()
+    options.log_severity_level = 2
+    return options
 
 
 def place(layers: list[np.ndarray], windows: Sequence[Window], fwd: np.ndarray, bwd: np.ndarray, half: int) -> None:

@@ -100,6 +100,16 @@ def test_fixed_buffers_per_bucket_give_the_same_numbers(tiny_model_dir, window_e
     assert 0 < len(fixed._bound) <= 16  # a few buckets, reused, not one binding per call
 
 
+def test_only_small_buckets_get_fixed_buffers(tiny_model_dir, window_engine, sentences):
+    # Each captured bucket keeps its own device buffers: buckets over CAPTURED_ROWS rows run uncaptured.
+    fixed = Engine(tiny_model_dir, provider="cpu", graph="window", cuda_graphs=True)
+    many = sentences * 3  # 90 rows: a bucket of 128
+    assert max_error(fixed.run(many), window_engine.run(many)) == 0.0
+    assert fixed._bound == {}
+    fixed.run(sentences[:2])
+    assert {key[3] for key in fixed._bound} == {(2, 32)}  # (store, token_chars, cached, index_fwd (rows, window), ...)
+
+
 def test_fp16_stays_close_to_fp32(tiny_model_dir, window_engine, sentences):
     half = Engine(tiny_model_dir, provider="cpu", precision="fp16")
     got, want = half.run(sentences), window_engine.run(sentences)

@@ -1,0 +1,567 @@
+"""The GPU benchmark: every figure of the project's GPU goals from one command, into a folder.
+
+    python -m bench.gpu [--provider cuda|cpu] [--model full|tiny] [--out build/bench/gpu]
+                        [--batches 1,32,256,1024] [--seconds 3] [--precisions fp32,fp16]
+                        [--cuda-graphs off,on] [--window W] [--allennlp PYTHON] [--no-torch]
+
+On the full-size published architecture with random weights (exported once under build/bench/; `--window` exports
+the window graphs with another window, into their own folder, to choose the window by measurement):
+
+* placement: per graph file, the copies to and from the host in ONNX Runtime's optimized graph (Loop bodies
+  included) and the nodes placed off the provider;
+* parity: each precision (and CUDA-graphs setting) on the provider against the CPU provider's fp32 Loop graph on
+  the fixture sentences (max abs error, min cosine), and batch independence on the device (a few sentences alone
+  against the same sentences inside batches of 30 and 256);
+* tokens/s at each batch size, the fixture sentences repeated in their order and cut from a length-sorted pool,
+  per precision and CUDA-graphs setting; a lone 25-token sentence's latency (p50, p99) with the token cache off
+  and warm;
+* baselines in the same run on the same device: the project's PyTorch `BiLM` eager, and allennlp 2.10.1's
+  `_ElmoBiLm` (bench/allennlp_baseline.py in its own environment, `--allennlp`; skipped with a note without it).
+
+Writes OUT/gpu.json (everything) and OUT/gpu.md (the goals' table and the full grid), and prints the table.
+Needs numpy, h5py, onnx, onnxruntime or onnxruntime-gpu, and torch (the baseline and the export): not the
+service's web stack. With `--provider cpu --model tiny` it runs in seconds (tests/test_bench_gpu.py); there
+`--cuda-graphs on` runs the engine's fixed per-bucket buffers without a capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from bench.common import (
+    BUILD,
+    FULL_OPTIONS,
+    TINY,
+    fixture_sentences,
+    full_size_model,
+    onnx_folder,
+    percentiles,
+    tiny_model,
+)
+from model_export.export import cosine_min, max_abs_error
+from service.engine import Engine, choose_providers, cuda_options, nodes_off, placed_session, read_manifest
+
+ALLENNLP_SCRIPT = Path(__file__).resolve().parent / "allennlp_baseline.py"
+COPY_OPS = ("MemcpyToHost", "MemcpyFromHost")
+LONE_TOKENS = 25
+INDEPENDENCE_BATCHES = (30, 256)
+INDEPENDENCE_ROWS = (0, 3, 18)  # fixture sentences of 50, 3 and 53 tokens
+# The goals of the project's GPU work (issue 12), on one H100.
+GOALS = {
+    "bulk_fp32": 150_000,  # tokens/s, fp32, batch 1024, fixture order
+    "vs_allennlp": 5.5,  # that figure over allennlp's on the same GPU
+    "lone_p50_ms": 6.0,  # a lone 25-token sentence, fp32, engine time
+    "bulk_reduced": 400_000,  # tokens/s, reduced precision, batch 1024, fixture order
+    "cosine_reduced": 0.9999,  # min cosine of the reduced precision against fp32
+    "parity_fp32": 1e-5,  # max abs error against the CPU provider's fp32
+    "independence": 1e-5,  # max abs difference of a sentence alone and inside a batch
+}
+
+
+# --- the model and the machine ---------------------------------------------------------------------------------
+
+
+def model_paths(model: str, window: int | None) -> dict[str, Path]:
+    """The exported folder and the published options + weights it came from."""
+    if model == "tiny":
+        return {"onnx": tiny_model(window), "options": TINY / "options.json", "weights": TINY / "lm_weights.hdf5"}
+    folder = full_size_model(FULL_OPTIONS, window=window)
+    onnx_dir = folder / onnx_folder("onnx", window)  # where full_size_model exports this window
+    return {"onnx": onnx_dir, "options": folder / "options.json", "weights": folder / "weights.hdf5"}
+
+
+def device_name(provider: str, device_id: int) -> str:
+    """The GPU's name from nvidia-smi (torch's when nvidia-smi is missing), or "cpu"."""
+    if provider != "cuda":
+        return "cpu"
+    try:
+        names = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()
+        return names[device_id].strip()
+    except (OSError, IndexError, subprocess.SubprocessError):
+        import torch
+
+        return torch.cuda.get_device_name(device_id) if torch.cuda.is_available() else "unknown GPU"
+
+
+def host_cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{platform.processor() or 'unknown'}, {os.cpu_count()} cores"
+
+
+# --- placement -------------------------------------------------------------------------------------------------
+
+
+def op_counts(graph: onnx.GraphProto) -> Counter:
+    """Op types of a graph and of every subgraph (a Loop's body, an If's branches)."""
+    counts = Counter()
+    for node in graph.node:
+        counts[node.op_type] += 1
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                counts += op_counts(sub)
+    return counts
+
+
+def placement(model_dir: Path, provider: str, device_id: int) -> dict[str, dict]:
+    """For each graph file: the copies to and from the host that ONNX Runtime put in its optimized graph, and
+    the nodes it placed off the provider, with the session options the engine uses."""
+    names = choose_providers(provider)
+    if names[0] == "CUDAExecutionProvider" and hasattr(ort, "preload_dlls"):  # as the engine does
+        ort.preload_dlls()
+    result = {}
+    for graph in read_manifest(model_dir).graphs:
+        providers = list(names)
+        if names[0] == "CUDAExecutionProvider":
+            providers[0] = (names[0], cuda_options(device_id, graph.precision, False))
+        with tempfile.TemporaryDirectory() as tmp:
+            optimized = Path(tmp) / "optimized.onnx"
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.enable_mem_pattern = False
+            options.optimized_model_filepath = str(optimized)
+            # the weights to a side file, so that a full-size graph never meets protobuf's 2 GiB limit
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "w.bin")
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+            session, log = placed_session(graph.file, options, providers)
+            started = session.get_providers()[0]  # ONNX Runtime falls back to the CPU when CUDA cannot start
+            del session
+            try:
+                counts = op_counts(onnx.load(str(optimized), load_external_data=False).graph)
+                error = None
+            except Exception as err:  # no optimized model written: keep the placement, say why
+                counts, error = None, f"{type(err).__name__}: {err}"
+        off = nodes_off(log, names[0])
+        result[graph.file.name] = {
+            "kind": graph.kind,
+            "precision": graph.precision,
+            "window": graph.window,
+            "provider": started,
+            "memcpy_to_host": None if counts is None else counts["MemcpyToHost"],
+            "memcpy_from_host": None if counts is None else counts["MemcpyFromHost"],
+            "nodes": None if counts is None else sum(counts.values()),
+            "nodes_off_provider": len(off),
+            "off_provider": off[:50],
+        }
+        if error:
+            result[graph.file.name]["error"] = error
+    return result
+
+
+# --- parity ----------------------------------------------------------------------------------------------------
+
+
+def parity(engine: Engine, reference: list[np.ndarray], sentences: list[list[str]]) -> dict[str, float]:
+    got = engine.run(sentences)
+    return {"max_abs_error": max_abs_error(got, reference), "min_cosine": cosine_min(got, reference)}
+
+
+def batch_independence(engine: Engine, sentences: list[list[str]]) -> dict:
+    """Max abs difference of a few sentences run alone and the same sentences inside batches of 30 and 256
+    (a late copy of each, so that it sits at another row)."""
+    alone = {i: engine.run([sentences[i]])[0] for i in INDEPENDENCE_ROWS}
+    result = {}
+    for size in INDEPENDENCE_BATCHES:
+        batch = cycle(sentences, size)
+        got = engine.run(batch)
+        diffs = []
+        for i in INDEPENDENCE_ROWS:
+            row = max(r for r in range(size) if r % len(sentences) == i)
+            diffs.append(float(np.abs(got[row] - alone[i]).max()))
+        result[f"batch_{size}"] = max(diffs)
+    result["max_abs_diff"] = max(result.values())
+    return result
+
+
+# --- speed -----------------------------------------------------------------------------------------------------
+
+
+def cycle(sentences: Sequence, rows: int) -> list:
+    return [sentences[i % len(sentences)] for i in range(rows)]
+
+
+def batches_of(sentences: list, batch: int, order: str) -> list[list]:
+    """The batches a figure runs: in fixture order, the sentences repeated to a whole number of batches (at least
+    all 30); length-sorted, at least two batches cut from a sorted pool of the repeated sentences."""
+    if order == "fixture":
+        pool = cycle(sentences, batch * max(1, -(-len(sentences) // batch)))
+    else:
+        pool = sorted(cycle(sentences, batch * max(2, -(-2 * len(sentences) // batch))), key=len)
+    return [pool[i : i + batch] for i in range(0, len(pool), batch)]
+
+
+def tokens_per_s(run: Callable, batches: list[list], seconds: float, warmup: int) -> float:
+    """Run the first batch, then every batch `warmup` times, untimed (on CUDA each bucket's shapes are planned, and
+    captured as a CUDA graph after a few runs, and the token cache settles); then the batches in turn, until at
+    least `seconds` have passed."""
+    run(batches[0])
+    for _ in range(warmup):
+        for batch in batches:
+            run(batch)
+    tokens, start = 0, time.perf_counter()
+    for batch in itertools.cycle(batches):
+        run(batch)
+        tokens += sum(map(len, batch))
+        if (elapsed := time.perf_counter() - start) >= seconds:
+            return tokens / elapsed
+    raise AssertionError("unreachable")
+
+
+def latency_ms(run: Callable, sentence: list[str], seconds: float, min_runs: int = 20) -> dict[str, float]:
+    for _ in range(5):
+        run([sentence])
+    times, start = [], time.perf_counter()
+    while len(times) < min_runs or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        run([sentence])
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {**percentiles(times, (50, 99)), "runs": len(times)}
+
+
+def lone_sentence(sentences: list[list[str]]) -> list[str]:
+    """A 25-token sentence: the first one of the fixtures that long, cut to 25 tokens."""
+    return next(s for s in sentences if len(s) >= LONE_TOKENS)[:LONE_TOKENS]
+
+
+def throughput(
+    run: Callable, sentences: list, batches: list[int], seconds: float, orders: Sequence[str], warmup: int
+) -> dict:
+    result = {}
+    for order in orders:
+        result[order] = {
+            str(b): tokens_per_s(run, batches_of(sentences, b, order), seconds, warmup)
+            for b in batches
+            if order == "fixture" or b > 1  # one sentence per batch: the order changes nothing
+        }
+    return result
+
+
+# --- baselines -------------------------------------------------------------------------------------------------
+
+
+def torch_runner(paths: dict[str, Path], device: str) -> Callable:
+    """The project's PyTorch `BiLM`, eager, fp32 (no TF32) on `device`: sentences -> each one's layers."""
+    import torch
+
+    from model_export.weights import load_bilm
+    from service.chars import sentence_char_ids
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = load_bilm(paths["options"], paths["weights"]).to(device).eval()
+    max_chars = model.options.max_chars
+
+    def run(sentences: list[list[str]]) -> list[np.ndarray]:
+        chars = np.zeros((len(sentences), max(map(len, sentences)) + 2, max_chars), dtype=np.int64)
+        for row, sentence in enumerate(sentences):
+            chars[row, : len(sentence) + 2] = sentence_char_ids(sentence, max_chars)
+        with torch.no_grad():
+            layers = model(torch.from_numpy(chars).to(device)).cpu().numpy()
+        return [layers[:, row, 1 : len(s) + 1] for row, s in enumerate(sentences)]
+
+    return run
+
+
+def allennlp(python: str, paths: dict[str, Path], sentences, batches, device: str, seconds: float) -> dict:
+    """allennlp 2.10.1 in its own environment, one process per batch size, on the fixture sentences repeated
+    (at least `seconds` of work at the measured speed is not known in advance: the input is sized to at least
+    four batches and 600 sentences)."""
+    result = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in batches:
+            text = Path(tmp) / f"batch{batch}.txt"
+            rows = max(4 * batch, 600)
+            text.write_text("\n".join(" ".join(s) for s in cycle(sentences, rows)) + "\n")
+            command = [python, str(ALLENNLP_SCRIPT), "--options", str(paths["options"]), "--weights",
+                       str(paths["weights"]), "--input", str(text), "--batch-size", str(batch), "--device", device,
+                       "--warmup", "2", "--threads", str(os.cpu_count() or 1)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=max(300, 20 * seconds))
+            if done.returncode != 0:
+                result[str(batch)] = {"error": done.stderr.strip().splitlines()[-5:]}
+                continue
+            report = json.loads(done.stdout.strip().splitlines()[-1])
+            result[str(batch)] = report["tokens_per_s"]
+    return result
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    provider = args.provider
+    batches = [int(b) for b in args.batches.split(",")]
+    precisions = args.precisions.split(",")
+    graph_settings = [s == "on" for s in args.cuda_graphs.split(",")]
+    sentences = fixture_sentences()
+    lone = lone_sentence(sentences)
+    warmup = 3 if provider == "cuda" else 0  # passes over a figure's batches before it is timed
+    t0 = time.perf_counter()
+    paths = model_paths(args.model, args.window)
+    manifest = read_manifest(paths["onnx"]).manifest
+    log(f"model {paths['onnx']} ready in {time.perf_counter() - t0:.1f} s")
+    report = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": device_name(provider, args.device_id),
+        "host": host_cpu(),
+        "provider": provider,
+        "onnxruntime": ort.__version__,
+        "onnxruntime_providers": ort.get_available_providers(),
+        "model": {
+            "name": args.model,
+            "folder": str(paths["onnx"]),
+            "output_dim": manifest["output_dim"],
+            "num_layers": manifest["num_layers"],
+            "graphs": manifest["graphs"],
+        },
+        "sentences": {"count": len(sentences), "mean_tokens": sum(map(len, sentences)) / len(sentences)},
+        "settings": {
+            "batches": batches,
+            "seconds": args.seconds,
+            "precisions": precisions,
+            "cuda_graphs": args.cuda_graphs.split(","),
+            "threads": args.threads,
+            "warmup_passes": warmup,
+        },
+        "goals": GOALS,
+        "notes": [],
+    }
+
+    log("placement")
+    report["placement"] = placement(paths["onnx"], provider, args.device_id)
+
+    log("reference: the CPU provider's fp32 Loop graph")
+    reference_engine = Engine(paths["onnx"], provider="cpu", graph="loop", intra_op_threads=args.threads)
+    reference = reference_engine.run(sentences)
+    del reference_engine
+
+    report["engines"] = {}
+    for precision in precisions:
+        for graphs_on in graph_settings:
+            name = f"{precision}, cuda graphs {'on' if graphs_on else 'off'}"
+            log(name)
+            entry = report["engines"][name] = {"precision": precision, "cuda_graphs": graphs_on}
+            try:
+                engine = Engine(paths["onnx"], provider=provider, precision=precision, graph="window",
+                                device_id=args.device_id, cuda_graphs=graphs_on, intra_op_threads=args.threads,
+                                max_rows=max(max(batches), max(INDEPENDENCE_BATCHES)))  # fmt: skip
+            except Exception as err:  # e.g. a node off the GPU: record it, measure the rest
+                entry["error"] = f"{type(err).__name__}: {err}"
+                log(f"  {entry['error']}")
+                continue
+            entry["graph"] = {"file": engine.graph.file.name, "kind": engine.graph.kind, "window": engine.window}
+            entry["provider"] = engine.provider
+            entry["parity_vs_cpu_fp32"] = parity(engine, reference, sentences)
+            entry["batch_independence"] = batch_independence(engine, sentences)
+            entry["tokens_per_s"] = throughput(
+                engine.run, sentences, batches, args.seconds, ("fixture", "sorted"), warmup
+            )
+            entry["lone_latency_ms"] = {"cache_warm": latency_ms(engine.run, lone, args.seconds)}
+            engine.token_cache = type(engine.token_cache)(0)  # every token through the char-CNN again
+            entry["lone_latency_ms"]["cache_off"] = latency_ms(engine.run, lone, args.seconds)
+            log(f"  {json.dumps({k: entry[k] for k in ('parity_vs_cpu_fp32', 'tokens_per_s')})}")
+            del engine
+
+    report["baselines"] = {}
+    device = "cpu" if provider == "cpu" else f"cuda:{args.device_id}"
+    if args.no_torch:
+        report["notes"].append("PyTorch baseline skipped (--no-torch)")
+    else:
+        log(f"PyTorch BiLM eager on {device}")
+        import torch
+
+        torch.set_num_threads(args.threads or (os.cpu_count() or 1))
+        run = torch_runner(paths, device)
+        report["baselines"]["torch_eager"] = {
+            "device": device,
+            "torch": torch.__version__,
+            "parity_vs_cpu_fp32": {"max_abs_error": max_abs_error(run(sentences), reference)},
+            "tokens_per_s": throughput(run, sentences, batches, args.seconds, ("fixture",), warmup)["fixture"],
+            "lone_latency_ms": latency_ms(run, lone, args.seconds),
+        }
+    if args.allennlp and Path(args.allennlp).exists():
+        log(f"allennlp 2.10.1 _ElmoBiLm on {device}")
+        report["baselines"]["allennlp"] = {
+            "device": device,
+            "python": args.allennlp,
+            "tokens_per_s": allennlp(args.allennlp, paths, sentences, batches, device, args.seconds),
+        }
+    else:
+        what = f"{args.allennlp} not found" if args.allennlp else "no --allennlp PYTHON given"
+        report["notes"].append(f"allennlp baseline skipped: {what} (bench/allennlp_baseline.py says how to make one)")
+    report["figures"] = figures(report, batches)
+    report["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    return report
+
+
+def figures(report: dict, batches: list[int]) -> list[dict]:
+    """The goals' table: one row per figure, the best CUDA-graphs setting where there is a choice."""
+    top = str(max(batches))
+    engines = [e for e in report["engines"].values() if "error" not in e]
+
+    def best(precisions, get):
+        found = [(get(e), e) for e in engines if e["precision"] in precisions]
+        found = [(v, e) for v, e in found if v is not None]
+        return max(found, key=lambda x: x[0]) if found else (None, None)
+
+    def graphs(e):
+        return "" if e is None else f"cuda graphs {'on' if e['cuda_graphs'] else 'off'}"
+
+    bulk, bulk_engine = best(("fp32",), lambda e: e["tokens_per_s"]["fixture"].get(top))
+    reduced = [p for p in report["settings"]["precisions"] if p != "fp32"]
+    fast, fast_engine = best(reduced, lambda e: e["tokens_per_s"]["fixture"].get(top))
+    lone = best(("fp32",), lambda e: -e["lone_latency_ms"]["cache_off"]["p50"])[1]
+    allen = report["baselines"].get("allennlp", {}).get("tokens_per_s", {}).get(top)
+    allen = allen if isinstance(allen, float | int) else None
+    fp32 = [e for e in engines if e["precision"] == "fp32"]
+    rows = [
+        ("fp32 bulk tokens/s, batch " + top + ", fixture order", bulk, f">= {GOALS['bulk_fp32']:,}",
+         None if bulk is None else bulk >= GOALS["bulk_fp32"], graphs(bulk_engine)),
+        ("fp32 bulk vs allennlp 2.10.1 on the same device, batch " + top,
+         bulk / allen if bulk and allen else None, f">= {GOALS['vs_allennlp']}x",
+         None if not (bulk and allen) else bulk / allen >= GOALS["vs_allennlp"],
+         "" if allen else "allennlp not run"),
+        ("fp32 lone 25-token sentence p50 ms (token cache off)",
+         None if lone is None else lone["lone_latency_ms"]["cache_off"]["p50"], f"<= {GOALS['lone_p50_ms']}",
+         None if lone is None else lone["lone_latency_ms"]["cache_off"]["p50"] <= GOALS["lone_p50_ms"],
+         "" if lone is None else f"p99 {lone['lone_latency_ms']['cache_off']['p99']:.2f} ms, {graphs(lone)}"),
+        (f"{'/'.join(reduced) or 'reduced precision'} bulk tokens/s, batch {top}, fixture order", fast,
+         f">= {GOALS['bulk_reduced']:,}", None if fast is None else fast >= GOALS["bulk_reduced"], graphs(fast_engine)),
+        (f"{'/'.join(reduced) or 'reduced precision'} min cosine vs fp32",
+         min((e["parity_vs_cpu_fp32"]["min_cosine"] for e in engines if e["precision"] in reduced), default=None),
+         f">= {GOALS['cosine_reduced']}", None, "against the CPU provider's fp32"),
+        ("fp32 max abs error vs the CPU provider's fp32",
+         max((e["parity_vs_cpu_fp32"]["max_abs_error"] for e in fp32), default=None),
+         f"<= {GOALS['parity_fp32']:g}", None, "worst CUDA-graphs setting"),
+        ("fp32 batch independence (alone vs in 30 and 256), max abs diff",
+         max((e["batch_independence"]["max_abs_diff"] for e in fp32), default=None),
+         f"<= {GOALS['independence']:g}", None, "worst CUDA-graphs setting"),
+    ]  # fmt: skip
+    out = []
+    for figure, value, goal, met, note in rows:
+        if met is None and value is not None:  # the accuracy rows: compare by the goal's sign
+            bound = float(goal.split()[-1])
+            met = value >= bound if goal.startswith(">=") else value <= bound
+        out.append({"figure": figure, "value": value, "goal": goal, "met": met, "note": note})
+    return out
+
+
+# --- the report ------------------------------------------------------------------------------------------------
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, str):
+        return value
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if 0.99 < value < 1:  # a cosine
+        return f"{value:.7f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 0.01 or value == 0:
+        return f"{value:.4g}" if abs(value) < 1 else f"{value:.2f}"
+    return f"{value:.2e}"
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"GPU benchmark: {report['device']}, provider {report['provider']}, onnxruntime {report['onnxruntime']}, "
+        f"model {report['model']['name']} (output dim {report['model']['output_dim']}), {report['date']}",
+        "",
+        "| figure | measured | goal | met | note |",
+        "|---|---|---|---|---|",
+    ]
+    for row in report["figures"]:
+        met = {True: "yes", False: "no", None: "n/a"}[row["met"]]
+        lines.append(f"| {row['figure']} | {fmt(row['value'])} | {row['goal']} | {met} | {row['note']} |")
+    batches = [str(b) for b in report["settings"]["batches"]]
+    lines += ["", "tokens/s by batch size:", "", "| path | " + " | ".join(batches) + " | lone 25 p50 / p99 ms |",
+              "|---|" + "---|" * (len(batches) + 1)]  # fmt: skip
+    for name, entry in report["engines"].items():
+        if "error" in entry:
+            lines.append(f"| {name} | {entry['error'][:120]} |" + " |" * len(batches))
+            continue
+        lone = entry["lone_latency_ms"]["cache_off"]
+        for order in ("fixture", "sorted"):
+            rates = entry["tokens_per_s"][order]
+            label = f"ONNX Runtime {name}" + (", length-sorted" if order == "sorted" else "")
+            latency = f"{lone['p50']:.2f} / {lone['p99']:.2f}" if order == "fixture" else ""
+            lines.append(f"| {label} | " + " | ".join(fmt(rates.get(b)) for b in batches) + f" | {latency} |")
+    if "torch_eager" in report["baselines"]:
+        t = report["baselines"]["torch_eager"]
+        lone = t["lone_latency_ms"]
+        lines.append(f"| PyTorch BiLM eager ({t['device']}) | "
+                     + " | ".join(fmt(t["tokens_per_s"].get(b)) for b in batches)
+                     + f" | {lone['p50']:.2f} / {lone['p99']:.2f} |")  # fmt: skip
+    if "allennlp" in report["baselines"]:
+        a = report["baselines"]["allennlp"]["tokens_per_s"]
+        cells = [fmt(a[b]) if isinstance(a.get(b), float | int) else "error" for b in batches]
+        lines.append("| allennlp 2.10.1 _ElmoBiLm | " + " | ".join(cells) + " | |")
+    lines += ["", "placement (optimized graph):", "", "| graph | copies to host | copies from host | nodes off |",
+              "|---|---|---|---|"]  # fmt: skip
+    for file, p in report["placement"].items():
+        copies = [fmt(p["memcpy_to_host"]), fmt(p["memcpy_from_host"])]
+        lines.append(f"| {file} | {' | '.join(copies)} | {p['nodes_off_provider']} |")
+    lines += [""] + [f"- {note}" for note in report["notes"]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_START = time.perf_counter()
+
+
+def log(message: str) -> None:
+    print(f"[bench.gpu {time.perf_counter() - _START:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--model", choices=("full", "tiny"), default="full", help="tiny: the test fixture model")
+    parser.add_argument("--out", type=Path, default=BUILD / "gpu")
+    parser.add_argument("--batches", default="1,32,256,1024")
+    parser.add_argument("--seconds", type=float, default=3.0, help="minimum timed seconds per figure")
+    parser.add_argument("--precisions", default="fp32,fp16")
+    parser.add_argument("--cuda-graphs", default="off,on", help="off, on or off,on")
+    parser.add_argument("--window", type=int, help="export the window graphs with this window (own folder)")
+    parser.add_argument("--allennlp", help="the python of allennlp 2.10.1's environment")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    parser.add_argument("--device-id", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per core)")
+    args = parser.parse_args(argv)
+    if not set(args.cuda_graphs.split(",")) <= {"off", "on"}:
+        parser.error("--cuda-graphs takes off, on or off,on")
+
+    report = run_benchmark(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (args.out / "gpu.md").write_text(table)
+    print(table)
+    log(f"wrote {args.out / 'gpu.json'} and {args.out / 'gpu.md'} in {report['elapsed_s']} s")
+
+
+if __name__ == "__main__":
+    main()
