@@ -327,11 +327,14 @@ ISOLATED = textwrap.dedent(
 
     sys.meta_path.insert(0, Block())
     import elmo_client
+    from elmo_client.allennlp import ElmoEmbedder
 
     with elmo_client.Client(sys.argv[1]) as client:
         layers = client.embed(json.loads(sys.argv[2]), output="layers")
+    adapter = ElmoEmbedder(url=sys.argv[1])
+    first = adapter.embed_sentence(json.loads(sys.argv[2])[0])
     loaded = sorted({m.partition(".")[0] for m in sys.modules} & BLOCKED)
-    print(json.dumps({"layers": [x.tolist() for x in layers], "loaded": loaded}))
+    print(json.dumps({"layers": [x.tolist() for x in layers], "first": first.tolist(), "loaded": loaded}))
     """
 )
 
@@ -350,3 +353,4 @@ def test_the_client_needs_only_httpx_and_numpy(server, sentences, expected, tmp_
     assert answer["loaded"] == []
     got = [np.asarray(x, np.float32) for x in answer["layers"]]
     assert max_error(got, expected[:2]) <= 1e-5
+    np.testing.assert_array_equal(np.asarray(answer["first"], np.float32), got[0])
