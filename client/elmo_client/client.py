@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -25,6 +26,9 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 RETRIED = (429, 503)  # too many requests, overloaded (or starting, or draining): both say when to come back
 DEFAULT_RETRY_AFTER_S = 1.0  # when a 503 or 429 does not say
 CONNECT_BACKOFF_S = 0.25  # first wait after a failed connection, doubled each time
+# Up to this share of Retry-After is added at random: requests refused together (a full queue refuses many at
+# once) then come back spread out, and the engine works through them instead of idling between waves.
+RETRY_JITTER = 0.5
 
 Sentence = str | Sequence[str]  # a text the server tokenizes, or tokens
 
@@ -73,10 +77,10 @@ def _error(response: httpx.Response, note: str = "") -> ElmoError:
 
 
 class _Attempts:
-    """When one request is sent again. 503 and 429: after `Retry-After`, while the waits add up to at most
-    `wait_s`. A failed connection: after 0.25 s, 0.5 s, ... at most `connect_retries` times (an embedding is
-    the same whenever it is computed, so sending it twice is safe). A timeout is not retried: the server may be
-    busy with it still."""
+    """When one request is sent again. 503 and 429: after `Retry-After` (and up to half as long again, at
+    random), while the waits add up to at most `wait_s`. A failed connection: after 0.25 s, 0.5 s, ... at most
+    `connect_retries` times (an embedding is the same whenever it is computed, so sending it twice is safe).
+    A timeout is not retried: the server may be busy with it still."""
 
     def __init__(self, wait_s: float, connect_retries: int):
         self.wait_s, self.connect_retries = wait_s, connect_retries
@@ -86,9 +90,9 @@ class _Attempts:
         """None: the response is the answer; else the seconds to wait before sending again."""
         if response.status_code not in RETRIED:
             return None
-        delay = _retry_after(response)
+        delay = _retry_after(response) * (1 + RETRY_JITTER * random.random())
         if self.waited + delay > self.wait_s:
-            raise _error(response, f" (gave up after waiting {self.waited:g} s in all)")
+            raise _error(response, f" (gave up after waiting {self.waited:.1f} s in all)")
         self.waited += delay
         return delay
 
@@ -168,7 +172,8 @@ class Client(_Base):
     """A client of one ELMo service. Thread-safe; close it (or use `with`) to close its connections.
 
     url: the service (default http://127.0.0.1:8000); api_key: sent as `Authorization: Bearer`;
-    timeout: seconds for one request; max_concurrency: requests in flight at once for one call;
+    timeout: seconds for one request; max_concurrency: requests in flight at once (its connections: calls from
+    several threads share them, and wait for one rather than time out);
     retry_wait_s: the most one request waits in all for 503 and 429 retries; connect_retries: how often a
     failed connection is retried before ElmoConnectionError."""
 
@@ -184,7 +189,8 @@ class Client(_Base):
     ):
         super().__init__(url, api_key, max_concurrency, retry_wait_s, connect_retries)
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-        self._http = httpx.Client(base_url=self.url, headers=self._headers, timeout=timeout, limits=limits)
+        timeouts = httpx.Timeout(timeout, pool=None)  # waiting for a free connection is queueing, not failure
+        self._http = httpx.Client(base_url=self.url, headers=self._headers, timeout=timeouts, limits=limits)
         self._info_lock = threading.Lock()
 
     def __enter__(self) -> Client:
@@ -297,7 +303,8 @@ class AsyncClient(_Base):
     ):
         super().__init__(url, api_key, max_concurrency, retry_wait_s, connect_retries)
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=timeout, limits=limits)
+        timeouts = httpx.Timeout(timeout, pool=None)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=timeouts, limits=limits)
         self._slots: asyncio.Semaphore | None = None  # made in the event loop that uses it
 
     async def __aenter__(self) -> AsyncClient:
