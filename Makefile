@@ -12,7 +12,7 @@ DEFAULT_MODEL := build/models/default
 install: $(VENV)/.installed-$(RUNTIME)
 
 # scripts/install.sh is also what the Docker images run: torch 2.13.0 (CPU) first, then the project.
-$(VENV)/.installed-$(RUNTIME): pyproject.toml scripts/install.sh
+$(VENV)/.installed-$(RUNTIME): pyproject.toml client/pyproject.toml scripts/install.sh
 	PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --dev --editable
 	rm -f $(VENV)/.installed*
 	touch $@

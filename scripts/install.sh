@@ -10,7 +10,8 @@
 #                   module over each other, so the other one is uninstalled first.
 #   --export        the build-time tools (elmo-export): torch 2.13.0 first, CPU build, so that nothing pulls
 #                   another torch and gigabytes of CUDA packages; then onnx
-#   --dev           pytest, ruff and the other test tools
+#   --dev           pytest, ruff and the other test tools, and the Python client (client/, elmo-client),
+#                   whose tests run against the service
 #   --editable      an editable install (a working copy); without it SOURCE is copied into the environment
 #   --dry-run       print the commands, run nothing
 #   SOURCE          the project folder (default: the folder above this script)
@@ -86,6 +87,11 @@ if [ "$export_tools" = 1 ]; then
 fi
 [ "$dev" = 1 ] && extras="$extras,dev"
 
-project="$source_dir[$extras]"
-[ "$editable" = 1 ] && project=(-e "$project")
+project=()
+add() {
+    if [ "$editable" = 1 ]; then project+=(-e "$1"); else project+=("$1"); fi
+}
+add "$source_dir[$extras]"
+# The client is its own distribution (httpx and numpy only), installed beside the service to be tested with it.
+[ "$dev" = 1 ] && add "$source_dir/client[hdf5]"
 run "${pip[@]}" "${project[@]}" ${ONNXRUNTIME:+"$ONNXRUNTIME"}

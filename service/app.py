@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import Batcher, QueueFull, TooLarge
+from service.chars import token_bytes
 from service.engine import Engine
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
@@ -30,6 +31,8 @@ from service.schemas import (
     ErrorResponse,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from service.settings import Settings
 from service.stepper import Stepper
@@ -185,18 +188,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.exception("engine batch failed")
             raise ApiError(503, f"inference failed ({type(err).__name__}); retry", headers=_retry(settings)) from None
 
-    async def tokenized(items: list, field: str) -> list[list[str]]:
+    async def tokenized(items: list, field: str, truncate: bool = False) -> list[list[str]]:
         """The request's sentences as tokens, within the limits. Refused (413) on cheap counts first, so an
         oversized request costs no tokenization; strings are tokenized off the event loop (Moses takes
-        seconds on a long text, and the loop must keep answering everyone else)."""
+        seconds on a long text, and the loop must keep answering everyone else). With `truncate`, a sentence
+        over the tokens-per-sentence limit is not refused but comes back whole, for `_truncate` to cut."""
         if len(items) > settings.max_sentences:
             raise ApiError(413, f"{len(items)} sentences; the limit is {settings.max_sentences} per request", field)
         at_least = [min_tokens(x) if isinstance(x, str) else len(x) for x in items]
         for i, n in enumerate(at_least):
-            if n > settings.max_tokens_per_sentence:
+            if n > settings.max_tokens_per_sentence and not truncate:
                 counted = f"at least {n}" if isinstance(items[i], str) else str(n)
                 limit = settings.max_tokens_per_sentence
                 raise ApiError(413, f"{counted} tokens; the limit is {limit}", f"{field}[{i}]")
+        if truncate:  # what will be queued of each sentence
+            at_least = [min(n, settings.max_tokens_per_sentence) for n in at_least]
         if (total := sum(at_least) + 2 * len(items)) > settings.queue_tokens:
             raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
         sentences = items
@@ -207,7 +213,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 raise ApiError(422, "empty sentence", f"{field}[{i}]")
             if _has_surrogate(tokens):
                 raise ApiError(422, "not valid Unicode (a lone surrogate such as \\ud800)", f"{field}[{i}]")
-            if len(tokens) > settings.max_tokens_per_sentence:
+            if len(tokens) > settings.max_tokens_per_sentence and not truncate:
                 raise ApiError(
                     413, f"{len(tokens)} tokens; the limit is {settings.max_tokens_per_sentence}", f"{field}[{i}]"
                 )
@@ -217,13 +223,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def embed(body: EmbedRequest, request: Request):
         num_layers = app.state.engine.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
-        sentences = await tokenized(body.sentences, "sentences")
+        sentences = await tokenized(body.sentences, "sentences", body.truncate)
+        sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, body.truncate)
         results = await embed_tokens(request, sentences, "sentences")
         data = []
-        for i, (tokens, layers) in enumerate(zip(sentences, results, strict=True)):
-            out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix=body.mixes is None)
+        for i, (tokens, layers, cut) in enumerate(zip(sentences, results, cuts, strict=True)):
+            single_mix = body.mixes is None
+            out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix, body.unit_length)
             embedding = _b64(out) if body.encoding == "base64" else out
-            data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape)})
+            data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
         return _json(
             {
                 "model": app.state.model_name,
@@ -244,14 +252,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "empty list", "input")
-        sentences = await tokenized(texts, "input")
+        sentences = await tokenized(texts, "input", body.truncate)
+        sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, body.truncate)
         results = await embed_tokens(request, sentences, "input")
         default_mix = [([0.0] * app.state.engine.num_layers, 1.0, "softmax", False)]
         data = []
-        for i, layers in enumerate(results):
-            vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True)
+        for i, (layers, cut) in enumerate(zip(results, cuts, strict=True)):
+            vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True, unit=body.unit_length)
             embedding = _b64(vector) if body.encoding_format == "base64" else vector
-            data.append({"object": "embedding", "index": i, "embedding": embedding})
+            data.append({"object": "embedding", "index": i, "embedding": embedding, **cut})
         tokens = sum(map(len, sentences))
         return _json(
             {
@@ -259,6 +268,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "data": data,
                 "model": app.state.model_name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    @app.post(
+        "/tokenize",
+        response_model=TokenizeResponse,
+        responses=ERRORS,
+        summary="the tokens /embed reads from the same sentences, and the bytes of each that the model reads",
+    )
+    async def tokenize_sentences(body: TokenizeRequest):
+        sentences = await tokenized(body.sentences, "sentences", body.truncate)
+        sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, True)
+        max_chars = app.state.engine.info.max_chars
+        data = []
+        for i, (tokens, cut) in enumerate(zip(sentences, cuts, strict=True)):
+            utf8, kept = zip(*(token_bytes(t, max_chars) for t in tokens), strict=True)
+            data.append({"index": i, "tokens": tokens, "utf8_bytes": utf8, "kept_bytes": kept, **cut})
+        return _json(
+            {
+                "model": app.state.model_name,
+                "max_tokens_per_sentence": settings.max_tokens_per_sentence,
+                "max_bytes_per_token": max_chars - 2,
+                "data": data,
+                "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
             }
         )
 
@@ -326,6 +359,15 @@ def _has_surrogate(tokens: list[str]) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def _truncate(sentences: list[list[str]], limit: int, truncate: bool) -> tuple[list[list[str]], list[dict]]:
+    """With `truncate`, each sentence cut to its first `limit` tokens (TEI's auto-truncate), and what its item
+    reports of the cut; without, the sentences as they are (`tokenized` refused any over the limit)."""
+    if not truncate:
+        return sentences, [{}] * len(sentences)
+    cuts = [{"truncated": len(s) > limit, "original_tokens": len(s)} for s in sentences]
+    return [s[:limit] for s in sentences], cuts
 
 
 def _cut(part: str | int) -> str | int:

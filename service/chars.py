@@ -39,6 +39,12 @@ def char_key(token: str, max_chars: int = MAX_CHARS) -> str | bytes:
     return token.encode("utf-8", "ignore")[: max_chars - 2]
 
 
+def token_bytes(token: str, max_chars: int = MAX_CHARS) -> tuple[int, int]:
+    """A token's UTF-8 bytes, and how many of them (its first ones) its char ids keep: at most `max_chars - 2`."""
+    utf8 = len(token.encode("utf-8", "ignore"))
+    return utf8, min(utf8, max_chars - 2)
+
+
 def key_char_ids(key: str | bytes, max_chars: int = MAX_CHARS) -> np.ndarray:
     """Char ids of a `char_key`, shape (max_chars,), int32, already shifted by +1."""
     if key == BOS_TOKEN:

@@ -1,12 +1,13 @@
 """What the API computes from a sentence's layers h_j (num_layers, n_tokens, dim): the scalar mix
     gamma * sum_j w_j * h_j,  w = softmax(s) (the paper's mix) or s as given,
-optionally with each layer normalized first, and mean pooling over tokens."""
+optionally with each layer normalized first, mean pooling over tokens, and unit-length vectors last."""
 
 from __future__ import annotations
 
 import numpy as np
 
 LAYER_NORM_EPS = 1e-12
+UNIT_LENGTH_EPS = 1e-12  # the norm's floor, as torch.nn.functional.normalize has it: a zero vector stays zero
 
 
 def layer_norm(layers: np.ndarray) -> np.ndarray:
@@ -40,6 +41,13 @@ def mean_pool(x: np.ndarray) -> np.ndarray:
     return x.mean(axis=-2, dtype=np.float32)
 
 
+def unit_length(x: np.ndarray) -> np.ndarray:
+    """Every vector (the last axis) divided by its L2 norm, computed in float64, returned as float32."""
+    x = x.astype(np.float64)
+    norm = np.sqrt((x * x).sum(axis=-1, keepdims=True))
+    return (x / np.maximum(norm, UNIT_LENGTH_EPS)).astype(np.float32)
+
+
 def compose(
     layers: np.ndarray,
     output: str,
@@ -47,14 +55,17 @@ def compose(
     mixes: list[tuple[list[float], float, str, bool]],
     pooling: str,
     single_mix: bool,
+    unit: bool = False,
 ) -> np.ndarray:
     """One sentence's answer from its layers (num_layers, n_tokens, dim):
     output "layers" -> (len(layer_ids), n_tokens, dim); a mix -> (n_tokens, dim); several -> (n_mixes, n_tokens, dim);
-    mean pooling drops the token axis."""
+    mean pooling drops the token axis; `unit` scales every vector of the answer to length 1, last (so a pooled
+    vector is the unit-length mean, not the mean of unit vectors)."""
     if output == "layers":
         out = layers if layer_ids is None else layers[layer_ids]
     else:
         out = np.stack([scalar_mix(layers, w, g, n, ln) for w, g, n, ln in mixes])
         if single_mix:
             out = out[0]
-    return mean_pool(out) if pooling == "mean" else out
+    out = mean_pool(out) if pooling == "mean" else out
+    return unit_length(out) if unit else out

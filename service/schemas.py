@@ -41,6 +41,16 @@ class EmbedRequest(Mix):
     mixes: list[Mix] | None = Field(
         None, min_length=1, max_length=MAX_OUTPUTS, description="several mixes at once: one per entry"
     )
+    unit_length: bool = Field(
+        False,
+        description="scale every vector of the answer (its last axis) to L2 norm 1, after the mix and pooling "
+        "(not the mix's `normalize`, which is about the weights)",
+    )
+    truncate: bool = Field(
+        False,
+        description="cut a sentence over the server's tokens-per-sentence limit to the limit instead of refusing "
+        "the request with 413; the item then says so",
+    )
 
 
 class EmbeddingItem(BaseModel):
@@ -48,6 +58,8 @@ class EmbeddingItem(BaseModel):
     tokens: list[str]
     embedding: list | str = Field(..., description="nested lists of shape `shape`, or one base64 string")
     shape: list[int]
+    truncated: bool | None = Field(None, description="with `truncate`: whether the sentence was cut to the limit")
+    original_tokens: int | None = Field(None, description="with `truncate`: the sentence's tokens before the cut")
 
 
 class Usage(BaseModel):
@@ -63,18 +75,51 @@ class EmbedResponse(BaseModel):
     usage: Usage
 
 
+class TokenizeRequest(_Strict):
+    sentences: list[list[str] | str] = Field(
+        ...,
+        min_length=1,
+        description="what /embed takes: pre-tokenized sentences, or strings that the server tokenizes (Moses)",
+        examples=[["She went to the bank.", ["a", "pneumonoultramicroscopicsilicovolcanoconiosis-like"]]],
+    )
+    truncate: bool = Field(False, description="as on /embed: cut a sentence over the limit instead of a 413")
+
+
+class TokenizedSentence(BaseModel):
+    index: int
+    tokens: list[str] = Field(..., description="the tokens /embed reads (after any cut), as it echoes them")
+    utf8_bytes: list[int] = Field(..., description="each token's UTF-8 bytes")
+    kept_bytes: list[int] = Field(
+        ..., description="how many of those (the first ones) the char mapping keeps: at most max_bytes_per_token"
+    )
+    truncated: bool = Field(..., description="whether the sentence was cut to max_tokens_per_sentence (truncate)")
+    original_tokens: int = Field(..., description="the sentence's tokens before any cut")
+
+
+class TokenizeResponse(BaseModel):
+    model: str
+    max_tokens_per_sentence: int
+    max_bytes_per_token: int = Field(..., description="max_characters_per_token - 2 (the begin/end-of-word marks)")
+    data: list[TokenizedSentence]
+    usage: Usage
+
+
 class OpenAIEmbeddingRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")  # OpenAI clients send fields such as `user`
 
     input: str | list[str] = Field(..., description="a string or a list of strings")
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
+    unit_length: bool = Field(False, description="scale each vector to L2 norm 1")
+    truncate: bool = Field(False, description="cut an input over the tokens-per-sentence limit instead of a 413")
 
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
+    truncated: bool | None = Field(None, description="with `truncate`: whether the input was cut to the limit")
+    original_tokens: int | None = Field(None, description="with `truncate`: the input's tokens before the cut")
 
 
 class OpenAIUsage(BaseModel):

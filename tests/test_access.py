@@ -15,6 +15,7 @@ ONE = {"sentences": [["a"]]}
 PROTECTED = [  # (method, path, body): every route of the OpenAPI document but the probes, and the document
     ("POST", "/embed", ONE),
     ("POST", "/v1/embeddings", {"input": "a"}),
+    ("POST", "/tokenize", ONE),
     ("GET", "/info", None),
     ("GET", "/metrics", None),
     ("GET", "/openapi.json", None),

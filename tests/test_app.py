@@ -176,6 +176,107 @@ def test_strings_are_tokenized_like_the_same_tokens(client):
     assert max_error(got, [tokens[1], tokens[1], tokens[0], tokens[1]]) <= BATCH_TOLERANCE
 
 
+# -- unit-length vectors, truncation, /tokenize -----------------------------------------------------------------------
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+UNIT_CASES = [
+    pytest.param({}, id="mix"),
+    pytest.param({"weights": [0.5, -1.0, 2.0], "gamma": 0.7, "normalize": "none"}, id="mix-normalize-none"),
+    pytest.param({"pooling": "mean", "layer_norm": True}, id="mix-mean"),
+    pytest.param({"output": "layers"}, id="layers"),
+    pytest.param({"output": "layers", "layers": [2, 0], "pooling": "mean", "encoding": "base64"}, id="layers-mean"),
+    pytest.param({"mixes": [{"weights": [1.0, 2.0, 3.0]}, {"gamma": 3.0}]}, id="mixes"),
+]
+
+
+@pytest.mark.parametrize("options", UNIT_CASES)
+def test_unit_length_scales_every_vector_of_the_answer_last(client, sentences, options):
+    plain = arrays(embed(client, sentences[:6], **options))
+    scaled = arrays(embed(client, sentences[:6], unit_length=True, **options))
+    for p, u in zip(plain, scaled, strict=True):
+        assert u.shape == p.shape and u.dtype == np.float32
+        # Each layer's, mix's or pooled vector on its own (the same batch: the same bits before scaling).
+        np.testing.assert_allclose(u, unit(p), rtol=0, atol=1e-7)
+        np.testing.assert_allclose(np.linalg.norm(u.astype(np.float64), axis=-1), 1.0, atol=1e-6)
+
+
+def test_unit_length_on_openai_embeddings(client):
+    texts = ["Hello, world!", "The bank of the river."]
+    plain, scaled = (
+        client.post("/v1/embeddings", json={"input": texts, "unit_length": flag}).json()["data"]
+        for flag in (False, True)
+    )
+    for p, u in zip(plain, scaled, strict=True):
+        np.testing.assert_allclose(u["embedding"], unit(np.asarray(p["embedding"], np.float32)), rtol=0, atol=1e-7)
+
+
+def test_truncate_cuts_a_sentence_to_the_limit_and_says_so(client, sentences):
+    long = long_sentence(sentences, MAX_TOKENS + 50)
+    text = " ".join(["word"] * (MAX_TOKENS + 10)) + ", the end."  # Moses: MAX_TOKENS + 14 tokens
+    body = embed(client, [long, sentences[0], text], output="layers", encoding="base64", truncate=True)
+    items = body["data"]
+    assert [(i["truncated"], i["original_tokens"]) for i in items] == [
+        (True, MAX_TOKENS + 50),
+        (False, len(sentences[0])),
+        (True, MAX_TOKENS + 14),
+    ]
+    assert items[0]["tokens"] == long[:MAX_TOKENS] and items[2]["tokens"] == ["word"] * MAX_TOKENS
+    assert [i["shape"] for i in items] == [[NUM_LAYERS, n, DIM] for n in (MAX_TOKENS, len(sentences[0]), MAX_TOKENS)]
+    assert body["usage"]["tokens"] == 2 * MAX_TOKENS + len(sentences[0])
+    # A cut sentence's vectors are those of its first MAX_TOKENS tokens sent as they are.
+    got, alone = arrays(body), layers_of(client, [long[:MAX_TOKENS], ["word"] * MAX_TOKENS])
+    assert max_error([got[0], got[2]], alone) <= BATCH_TOLERANCE
+    # Not asked for: no such fields, and the same request is refused as before.
+    assert "truncated" not in embed(client, [sentences[0]])["data"][0]
+    assert_refused(client.post("/embed", json={"sentences": [long]}), 413, "sentences[0]")
+
+
+def test_truncate_on_openai_embeddings(client):
+    cut = " ".join(["word"] * MAX_TOKENS)
+    response = client.post("/v1/embeddings", json={"input": [cut + " and more", "short"], "truncate": True})
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [(d["truncated"], d["original_tokens"]) for d in data] == [(True, MAX_TOKENS + 2), (False, 1)]
+    assert response.json()["usage"]["prompt_tokens"] == MAX_TOKENS + 1
+    same = client.post("/v1/embeddings", json={"input": cut}).json()["data"][0]
+    assert "truncated" not in same
+    np.testing.assert_allclose(data[0]["embedding"], same["embedding"], rtol=0, atol=BATCH_TOLERANCE)
+
+
+def test_tokenize_shows_the_tokens_and_the_bytes_the_model_reads(client):
+    wide = "é" * 30  # 60 UTF-8 bytes: the char mapping keeps the first 48 (24 characters)
+    response = client.post("/tokenize", json={"sentences": ["Hello, world!", ["a", wide, "🙂"]]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["max_tokens_per_sentence"], body["max_bytes_per_token"]) == (MAX_TOKENS, 48)
+    assert body["usage"] == {"sentences": 2, "tokens": 7}
+    assert body["data"] == [
+        {"index": 0, "tokens": HELLO, "utf8_bytes": [5, 1, 5, 1], "kept_bytes": [5, 1, 5, 1], "truncated": False,
+         "original_tokens": 4},
+        {"index": 1, "tokens": ["a", wide, "🙂"], "utf8_bytes": [1, 60, 4], "kept_bytes": [1, 48, 4],
+         "truncated": False, "original_tokens": 3},
+    ]  # fmt: skip
+    assert embed(client, ["Hello, world!"])["data"][0]["tokens"] == HELLO  # what /embed reads, too
+    # What is not kept makes no difference: tokens that agree in their first 48 bytes get the same vectors.
+    same = arrays(embed(client, [["x", wide], ["x", "é" * 24 + "different"]], output="layers"))
+    np.testing.assert_array_equal(same[0], same[1])
+
+
+def test_tokenize_truncates_like_embed(client, sentences):
+    long = long_sentence(sentences, MAX_TOKENS + 3)
+    assert_refused(client.post("/tokenize", json={"sentences": [["a"], long]}), 413, "sentences[1]")
+    response = client.post("/tokenize", json={"sentences": [["a"], long], "truncate": True})
+    assert response.status_code == 200, response.text
+    cut = response.json()["data"][1]
+    assert (cut["tokens"], cut["truncated"], cut["original_tokens"]) == (long[:MAX_TOKENS], True, MAX_TOKENS + 3)
+    assert len(cut["utf8_bytes"]) == len(cut["kept_bytes"]) == MAX_TOKENS
+
+
 # -- concurrency and batching ---------------------------------------------------------------------------------------
 
 
@@ -254,6 +355,8 @@ BAD_BODIES = [  # (id, body, the field `detail` starts with)
     ("weight-over-bound", {"sentences": ONE, "weights": [1e7, 0.0, 0.0]}, "weights"),
     ("unknown-field", {"sentences": ONE, "weight": [0.0] * 3}, "weight"),
     ("unknown-mix-field", {"sentences": ONE, "mixes": [{"scale": 2.0}]}, "mixes"),
+    ("int-unit-length", {"sentences": ONE, "unit_length": 1}, "unit_length"),
+    ("string-truncate", {"sentences": ONE, "truncate": "yes"}, "truncate"),
 ]
 BAD_TEXTS = [  # (id, raw body, the field): what a JSON encoder would refuse to write
     ("nan-gamma", b'{"sentences": [["a"]], "gamma": NaN}', "gamma"),
@@ -280,6 +383,7 @@ BAD_OPENAI = [
     ("number-input", {"input": 5}, "input"),
     ("token-ids", {"input": [1, 2]}, "input"),
     ("unknown-format", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
+    ("string-truncate", {"input": "a", "truncate": "yes"}, "truncate"),
     ("number-model", {"input": "a", "model": 1}, "model"),
 ]
 
@@ -313,13 +417,32 @@ def test_invalid_openai_body_is_422_naming_the_field(client, body, field):
     assert_refused(client.post("/v1/embeddings", json=body), 422, field)
 
 
+BAD_TOKENIZE = [
+    ("no-sentences", {"sentences": []}, "sentences"),
+    ("empty-string", {"sentences": ["a", " "]}, "sentences[1]"),
+    ("empty-token-list", {"sentences": [[]]}, "sentences[0]"),
+    ("mix-field", {"sentences": ONE, "weights": [0.0] * 3}, "weights"),
+    ("string-truncate", {"sentences": ONE, "truncate": "no"}, "truncate"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), [c[1:] for c in BAD_TOKENIZE], ids=[c[0] for c in BAD_TOKENIZE])
+def test_invalid_tokenize_body_is_422_naming_the_field(client, body, field):
+    assert_refused(client.post("/tokenize", json=body), 422, field)
+
+
 OVER_LIMITS = [  # (id, route, body, field, limit)
     ("sentences", "/embed", {"sentences": ONE * (MAX_SENTENCES + 1)}, "sentences", MAX_SENTENCES),
     ("tokens", "/embed", {"sentences": [["a"], ["a"] * (MAX_TOKENS + 1)]}, "sentences[1]", MAX_TOKENS),
     ("tokens-of-string", "/embed", {"sentences": [" ".join(["a"] * (MAX_TOKENS + 1))]}, "sentences[0]", MAX_TOKENS),
     ("openai-inputs", "/v1/embeddings", {"input": ["a"] * (MAX_SENTENCES + 1)}, "input", MAX_SENTENCES),
     ("openai-tokens", "/v1/embeddings", {"input": " ".join(["a"] * (MAX_TOKENS + 1))}, "input[0]", MAX_TOKENS),
-]
+    ("tokenize-sentences", "/tokenize", {"sentences": ONE * (MAX_SENTENCES + 1)}, "sentences", MAX_SENTENCES),
+    ("tokenize-tokens", "/tokenize", {"sentences": [" ".join(["a"] * (MAX_TOKENS + 1))]}, "sentences[0]", MAX_TOKENS),
+    # truncate spares a long sentence, not a request of too many
+    ("truncate-sentences", "/embed", {"sentences": ONE * (MAX_SENTENCES + 1), "truncate": True}, "sentences",
+     MAX_SENTENCES),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -433,7 +556,9 @@ def test_metrics(client):
 
 def test_openapi_and_docs(client):
     paths = client.get("/openapi.json").json()["paths"]
-    assert "post" in paths["/embed"] and "post" in paths["/v1/embeddings"]
+    assert "post" in paths["/embed"] and "post" in paths["/v1/embeddings"] and "post" in paths["/tokenize"]
+    embed_fields = client.get("/openapi.json").json()["components"]["schemas"]["EmbedRequest"]["properties"]
+    assert {"unit_length", "truncate", "normalize"} <= set(embed_fields)
     for path in ("/health/live", "/health/ready", "/info", "/metrics"):
         assert path in paths
     docs = client.get("/docs")
@@ -445,6 +570,7 @@ def test_by_default_no_keys_no_cors_and_no_request_text_in_the_log(client, serve
     sent = [  # (route, body, status): served, tokenized, invalid, over a limit, undecodable
         ("/embed", {"sentences": [[secret, "x"]]}, 200),
         ("/embed", {"sentences": [f"{secret} as text"]}, 200),
+        ("/tokenize", {"sentences": [f"{secret} as text", [secret]]}, 200),
         ("/v1/embeddings", {"input": secret}, 200),
         ("/embed", {"sentences": [[secret]], "weights": [1.0]}, 422),
         ("/embed", {"sentences": [[secret]] * (MAX_SENTENCES + 1)}, 413),

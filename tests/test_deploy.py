@@ -164,6 +164,7 @@ def test_install_script_puts_torch_first_and_one_runtime():
     torch = next(i for i, c in enumerate(commands) if "torch==2.13.0" in c)
     project = next(i for i, c in enumerate(commands) if "[cpu,export,dev]" in c)
     assert torch < project and " -e " in commands[project]
+    assert f"-e {ROOT}/client[hdf5]" in commands[project]  # --dev: the Python client too, tested with the service
     assert any("uninstall --yes onnxruntime-gpu" in c for c in commands)
 
     run = dry_run("--venv", "/opt/venv", "--runtime", "gpu", str(ROOT), ONNXRUNTIME="onnxruntime-gpu==1.26.0")

@@ -58,6 +58,12 @@ CASES = [
     Case("20k-token-sentence", lambda: js({"sentences": [["a"], ["a"] * 20_000]}), 413, "sentences[1]"),
     Case("20k-word-text", lambda: js({"sentences": [" ".join(["U.S.", "don't", "(x)"] * 7000)]}), 413,
          "sentences[0]"),  # Moses would take seconds on it
+    # truncate: a sentence far over the limit is cut to it (a list at once; a text is still read whole)
+    Case("100k-token-sentence-truncated", lambda: js({"sentences": [["a"] * 100_000], "truncate": True,
+         "output": "layers"}), 200, "", served_like=[["a"] * 1000]),
+    Case("million-char-token-tokenized", lambda: js({"sentences": [[MILLION]]}), 200, "", route="/tokenize"),
+    Case("100k-tokenize-sentences", lambda: js({"sentences": [["a"]] * 100_000}), 413, "sentences",
+         route="/tokenize"),
     Case("more-tokens-than-the-queue", lambda: js({"sentences": [["a"] * 200] * 512}), 413, "sentences"),
     Case("body-over-8-MiB", lambda: js({"sentences": [["x" * 1000] * 9000]}), 413, "body"),
     Case("body-over-8-MiB-chunked", lambda: iter([b'{"sentences": [["'] + [b"x" * 65536] * 140 + [b'"]]}']), 413,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from service.mix import compose, layer_norm, mean_pool, mix_weights, scalar_mix
+from service.mix import compose, layer_norm, mean_pool, mix_weights, scalar_mix, unit_length
 
 RTOL = 1e-5
 FLOAT32_TINY = 1e-35  # below float32's smallest normal: the result's own rounding, whatever the scale
@@ -230,3 +230,28 @@ def test_compose_mix_shapes():
     assert compose(layers, "mix", None, [mix, mix], "none", False).shape == (2, 4, 5)
     assert compose(layers, "mix", None, [mix], "mean", True).shape == (5,)
     assert compose(layers, "mix", None, [mix, mix], "mean", False).shape == (2, 5)
+
+
+# ---- unit length ----
+
+
+@SETTINGS
+@given(layer_arrays)
+def test_unit_length_divides_each_vector_by_its_norm(x):
+    got = unit_length(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    x64 = x.astype(np.float64)
+    norms = np.sqrt((x64 * x64).sum(axis=-1, keepdims=True))
+    assert_close(got, x64 / np.maximum(norms, 1e-12), 1.0)  # the floor: torch.nn.functional.normalize's
+    big = norms[..., 0] > 1e-6
+    np.testing.assert_allclose(np.linalg.norm(got.astype(np.float64), axis=-1)[big], 1.0, atol=1e-6)
+
+
+def test_unit_length_keeps_a_zero_vector_zero_and_comes_last_in_compose():
+    np.testing.assert_array_equal(unit_length(np.zeros((2, 3), np.float32)), np.zeros((2, 3), np.float32))
+    layers = np.random.default_rng(2).standard_normal((3, 4, 5)).astype(np.float32)
+    mix = ([0.0, 1.0, 2.0], 1.5, "softmax", False)
+    pooled = compose(layers, "mix", None, [mix], "mean", True, unit=True)
+    np.testing.assert_allclose(pooled, unit_length(compose(layers, "mix", None, [mix], "mean", True)), atol=1e-7)
+    per_layer = compose(layers, "layers", None, [], "none", False, unit=True)
+    np.testing.assert_allclose(np.linalg.norm(per_layer, axis=-1), np.ones((3, 4)), atol=1e-6)
