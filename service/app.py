@@ -114,6 +114,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit=settings.max_body_bytes,
         inflight=settings.max_inflight_bytes,
         retry_after_s=settings.retry_after_s,
+        timeout_s=settings.body_timeout_s,
+        min_rate=settings.body_min_rate,
     )
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
     app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)

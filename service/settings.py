@@ -41,6 +41,13 @@ class Settings(BaseSettings):
         64 << 20, ge=1, description="bodies of all requests in flight together (503 above); at least max_body_bytes"
     )
 
+    # connections: how long a client may take (a slow or idle one would otherwise hold a connection, and its body
+    # the in-flight budget, for as long as it likes)
+    body_timeout_s: float = Field(10.0, gt=0, description="longest wait for the next part of a body (408 after it)")
+    body_min_rate: int = Field(
+        65536, ge=0, description="bytes/s a body must average once body_timeout_s has passed (0: no minimum)"
+    )
+
     # ONNX Runtime
     provider: str = Field("auto", pattern="^(auto|cpu|cuda)$")
     intra_op_threads: int = Field(0, ge=0, description="0: one per core")
