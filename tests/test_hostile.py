@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from tests.server import answered_statuses, rss_bytes, running_server
+from tests.server import answered_statuses, raw_exchange, rss_bytes, running_server
 
 ANSWER_S = 10  # the slowest row answers in well under a second here; a hang or a quadratic path does not
 MILLION = "x" * 1_000_000
@@ -169,3 +169,46 @@ def test_no_server_error_and_still_ready_after_all_of_them(client, server):
     assert client.get("/health/ready").status_code == 200
     assert "Traceback" not in server.log.read_text()
     assert rss_bytes(server.pid) < 1 << 30  # a million characters here and there, not gigabytes
+
+
+def request_head(path: str = "/health/live", extra: bytes = b"") -> bytes:
+    return b"GET " + path.encode() + b" HTTP/1.1\r\nhost: 127.0.0.1\r\n" + extra + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "detail"),
+    [
+        (b"x-big: " + b"a" * 1_000_000 + b"\r\n", "headers: the request line and headers are over the limit of 16384"),
+        (b"x-a: b\r\n" * 10_000, "headers: over 100 of them; the limit is 100"),
+        (b"x-a: b\r\n" * 100, "headers: over 100 of them"),  # with host: 101
+    ],
+    ids=["one-megabyte-header", "10000-headers", "101-headers"],
+)
+def test_a_request_head_over_the_limits_is_431(server, client, extra, detail):
+    start = time.monotonic()
+    ((status, headers, body),) = raw_exchange(server.port, request_head(extra=extra), answers=2)
+    assert time.monotonic() - start < ANSWER_S
+    assert status == 431 and headers["connection"] == "close", body
+    assert json.loads(body)["detail"].startswith(detail)
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_a_request_head_at_the_limits_is_served(server):
+    extra = b"x-a: b\r\n" * 98 + b"x-big: " + b"a" * (16384 - 98 * 8 - 100) + b"\r\n"  # 100 headers, near 16 KiB
+    ((status, _, body),) = raw_exchange(server.port, request_head(extra=extra), answers=1)
+    assert status == 200 and json.loads(body) == {"status": "live"}
+
+
+def test_pipelined_requests_before_garbage_are_answered_in_order(server, engine):
+    embed = js({"sentences": [["pipelined", "first"]], "output": "layers"})
+    post = (
+        b"POST /embed HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(embed)}\r\n\r\n".encode()
+        + embed
+    )
+    answers = raw_exchange(server.port, request_head() + post + b"NOT HTTP AT ALL\r\n\r\n", answers=4)
+    assert [status for status, _, _ in answers] == [200, 200, 400]  # and then the connection closed
+    assert json.loads(answers[0][2]) == {"status": "live"}
+    (item,) = json.loads(answers[1][2])["data"]
+    np.testing.assert_allclose(layers_of(item), engine.run([["pipelined", "first"]])[0], rtol=0, atol=1e-6)
+    assert answers[2][1]["connection"] == "close" and json.loads(answers[2][2])["detail"].startswith("request: ")

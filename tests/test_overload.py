@@ -208,12 +208,14 @@ def test_stalled_uploads_holding_the_body_budget_are_cut_off(tiny_model_dir, tmp
         assert "Traceback" not in server.log.read_text()
 
 
-IMPATIENT = {"ELMO_BODY_TIMEOUT_S": "1", "ELMO_BODY_MIN_RATE": "10000", "ELMO_HEAD_TIMEOUT_S": "1"}
+IMPATIENT = {"ELMO_BODY_TIMEOUT_S": "1", "ELMO_BODY_MIN_RATE": "10000", "ELMO_HEAD_TIMEOUT_S": "1",
+             "ELMO_KEEP_ALIVE_S": "1"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def impatient(tiny_model_dir, tmp_path_factory):
-    """A server that waits 1 s for a request's head or the next part of its body, and wants 10 kB/s of body."""
+    """A server that waits 1 s for a request's head, the next part of its body or the next request on an idle
+    connection, and wants 10 kB/s of body."""
     with running_server(tiny_model_dir, tmp_path_factory.mktemp("impatient"), IMPATIENT) as s:
         yield s
 
@@ -238,3 +240,34 @@ def test_a_body_that_keeps_up_is_served(impatient):
     time.sleep(0.5)  # within the second it may wait, and the body is under the 10 kB a second allows
     status, _, answer = slow.finish()
     assert status == 200 and json.loads(answer)["data"][0]["tokens"] == ["kept", "up"]
+
+
+def closed_after(sock: socket.socket, bound_s: float = 10) -> tuple[float, bytes]:
+    """Seconds until the server closes the connection, and what it sent before (nothing is sent meanwhile)."""
+    start, got = time.monotonic(), b""
+    sock.settimeout(bound_s)
+    while chunk := sock.recv(65536):
+        got += chunk
+    sock.close()
+    return time.monotonic() - start, got
+
+
+def test_a_connection_that_sends_nothing_is_closed(impatient):
+    seconds, got = closed_after(socket.create_connection(("127.0.0.1", impatient.port)))
+    assert got == b"" and 0.9 <= seconds < 5
+
+
+def test_a_request_head_that_never_ends_is_408(impatient):
+    sock = socket.create_connection(("127.0.0.1", impatient.port))
+    sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: ")  # and then nothing
+    seconds, got = closed_after(sock)
+    assert got.startswith(b"HTTP/1.1 408 ") and b'{"detail":"headers: not all in within 1 s' in got, got
+    assert 0.9 <= seconds < 5
+
+
+def test_an_idle_connection_between_requests_is_closed(impatient):
+    sock = socket.create_connection(("127.0.0.1", impatient.port))
+    sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+    seconds, got = closed_after(sock)
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b'{"status":"live"}')  # kept alive, then closed
+    assert 0.9 <= seconds < 5
