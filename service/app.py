@@ -33,7 +33,7 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.stepper import Stepper
-from service.tokenize import min_tokens, tokenize
+from service.tokenize import max_tokens, min_tokens, tokenize
 
 log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
@@ -189,13 +189,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         seconds on a long text, and the loop must keep answering everyone else)."""
         if len(items) > settings.max_sentences:
             raise ApiError(413, f"{len(items)} sentences; the limit is {settings.max_sentences} per request", field)
+        for i, x in enumerate(items):
+            if isinstance(x, str) and len(x) > settings.max_text_chars:
+                limit = settings.max_text_chars
+                raise ApiError(413, f"{len(x)} characters; the limit is {limit} per text", f"{field}[{i}]")
         at_least = [min_tokens(x) if isinstance(x, str) else len(x) for x in items]
         for i, n in enumerate(at_least):
             if n > settings.max_tokens_per_sentence:
                 counted = f"at least {n}" if isinstance(items[i], str) else str(n)
                 limit = settings.max_tokens_per_sentence
                 raise ApiError(413, f"{counted} tokens; the limit is {limit}", f"{field}[{i}]")
-        if (total := sum(at_least) + 2 * len(items)) > settings.queue_tokens:
+        at_most = _at_most(items, settings.max_tokens_per_sentence, field)  # Moses never runs on a refused text
+        if (total := sum(at_most) + 2 * len(items)) > settings.queue_tokens:
             raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
         sentences = items
         if any(isinstance(x, str) for x in items):
@@ -321,6 +326,21 @@ def _has_surrogate(tokens: list[str]) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def _at_most(items: list, limit: int, field: str) -> list[int]:
+    """Each sentence's tokens, or for a text an upper bound on what Moses will make of it: over the limit,
+    413 before Moses reads it (`"a," * 4_000_000` is one word by whitespace and 8 million tokens)."""
+    counts = [max_tokens(x, stop=limit + 1) if isinstance(x, str) else len(x) for x in items]
+    for i, n in enumerate(counts):
+        if n > limit:
+            raise ApiError(
+                413,
+                f"over {limit} words and punctuation marks (each may be a token); the limit is {limit} tokens: "
+                "send it shorter, or as a list of tokens",
+                f"{field}[{i}]",
+            )
+    return counts
 
 
 def _cut(part: str | int) -> str | int:

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(
         64 << 20, ge=1, description="bodies of all requests in flight together (503 above); at least max_body_bytes"
     )
+    max_text_chars: int = Field(
+        1_000_000, ge=1, description="characters of a sentence sent as text, for the server to tokenize"
+    )
 
     # connections: how long a client may take, and how large a request head may be (a slow or idle one would
     # otherwise hold a connection, and its body the in-flight budget, for as long as it likes)

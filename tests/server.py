@@ -111,12 +111,16 @@ def answered_statuses(client: httpx.Client) -> set[str]:
     }
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process (VmRSS in /proc)."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of a process (VmRSS in /proc; VmHWM: the most it ever had)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    return rss_bytes(pid, "VmHWM")
 
 
 class SlowBody:

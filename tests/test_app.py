@@ -317,6 +317,13 @@ OVER_LIMITS = [  # (id, route, body, field, limit)
     ("sentences", "/embed", {"sentences": ONE * (MAX_SENTENCES + 1)}, "sentences", MAX_SENTENCES),
     ("tokens", "/embed", {"sentences": [["a"], ["a"] * (MAX_TOKENS + 1)]}, "sentences[1]", MAX_TOKENS),
     ("tokens-of-string", "/embed", {"sentences": [" ".join(["a"] * (MAX_TOKENS + 1))]}, "sentences[0]", MAX_TOKENS),
+    (
+        "tokens-of-punctuated-string",
+        "/embed",
+        {"sentences": ["a," * (MAX_TOKENS // 2 + 1)]},
+        "sentences[0]",
+        MAX_TOKENS,
+    ),  # one word by whitespace, 402 tokens by Moses
     ("openai-inputs", "/v1/embeddings", {"input": ["a"] * (MAX_SENTENCES + 1)}, "input", MAX_SENTENCES),
     ("openai-tokens", "/v1/embeddings", {"input": " ".join(["a"] * (MAX_TOKENS + 1))}, "input[0]", MAX_TOKENS),
 ]

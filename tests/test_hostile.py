@@ -4,19 +4,23 @@ in seconds with a 4xx whose `detail` starts with the field at fault (or, where t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import httpx
 import numpy as np
 import pytest
 
-from tests.server import answered_statuses, raw_exchange, rss_bytes, running_server
+from tests.server import answered_statuses, peak_rss_bytes, raw_exchange, rss_bytes, running_server
 
 ANSWER_S = 10  # the slowest row answers in well under a second here; a hang or a quadratic path does not
 MILLION = "x" * 1_000_000
+BOMB = "a," * 4_000_000  # 8 MB, one word by whitespace, 8 million tokens by Moses
 DEEP = 5000
 
 
@@ -58,6 +62,12 @@ CASES = [
     Case("20k-token-sentence", lambda: js({"sentences": [["a"], ["a"] * 20_000]}), 413, "sentences[1]"),
     Case("20k-word-text", lambda: js({"sentences": [" ".join(["U.S.", "don't", "(x)"] * 7000)]}), 413,
          "sentences[0]"),  # Moses would take seconds on it
+    # Text whose words (by whitespace) are few but whose tokens are many: refused before Moses reads it.
+    Case("punctuation-bomb-text", lambda: js({"sentences": [BOMB]}), 413, "sentences[0]"),  # Moses: 13 s, 2 GB
+    Case("punctuation-dense-text", lambda: js({"sentences": ["a," * 400_000]}), 413, "sentences[0]"),
+    Case("punctuation-dense-openai", lambda: js({"input": ["fine", "." * 900_000]}), 413, "input[1]",
+         route="/v1/embeddings"),
+    Case("text-over-a-million-chars", lambda: js({"sentences": ["x" * 1_000_001]}), 413, "sentences[0]"),
     Case("more-tokens-than-the-queue", lambda: js({"sentences": [["a"] * 200] * 512}), 413, "sentences"),
     Case("body-over-8-MiB", lambda: js({"sentences": [["x" * 1000] * 9000]}), 413, "body"),
     Case("body-over-8-MiB-chunked", lambda: iter([b'{"sentences": [["'] + [b"x" * 65536] * 140 + [b'"]]}']), 413,
@@ -212,3 +222,44 @@ def test_pipelined_requests_before_garbage_are_answered_in_order(server, engine)
     (item,) = json.loads(answers[1][2])["data"]
     np.testing.assert_allclose(layers_of(item), engine.run([["pipelined", "first"]])[0], rtol=0, atol=1e-6)
     assert answers[2][1]["connection"] == "close" and json.loads(answers[2][2])["detail"].startswith("request: ")
+
+
+def test_eight_punctuation_bombs_at_once_are_refused_in_bounded_memory(server, client):
+    body = js({"sentences": [BOMB]})
+
+    def post(_):
+        start = time.monotonic()
+        response = httpx.post(f"{server.url}/embed", content=body, headers={"content-type": "application/json"},
+                              timeout=60)  # fmt: skip
+        return response, time.monotonic() - start
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, range(8)))
+    for response, seconds in answers:
+        assert response.status_code == 413 and response.json()["detail"].startswith("sentences[0]: 8000000 char")
+        assert seconds < ANSWER_S
+    assert peak_rss_bytes(server.pid) < 1 << 30  # was 2.75 GB: Moses made 8 million tokens of each
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_moses_never_runs_on_a_text_that_is_refused(tiny_model_dir, monkeypatch):
+    import service.app
+    from service.settings import Settings
+
+    read = []  # the lengths of the texts Moses was given
+    monkeypatch.setattr(service.app, "tokenize", lambda text: read.append(len(text)) or text.split())
+    settings = Settings(model_dir=tiny_model_dir, provider="cpu", intra_op_threads=1, inter_op_threads=1)
+    app = service.app.create_app(settings)
+
+    async def send_all():  # in this process, so that the spy sees every call
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://app") as client,
+        ):
+            for text in [BOMB, "a," * 400_000, "x" * 1_000_001, "(x) " * 600]:  # the last: 600 words, 1800 tokens
+                response = await client.post("/embed", json={"sentences": ["fine", text]})
+                assert response.status_code == 413 and response.json()["detail"].startswith("sentences[1]: ")
+            assert (await client.post("/embed", json={"sentences": ["a b", ["c"]]})).status_code == 200
+
+    asyncio.run(send_all())
+    assert read == [3]  # only the text of the request that was served
