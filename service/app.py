@@ -4,12 +4,10 @@ ONNX Runtime in engine.py, the arithmetic of mixes in mix.py."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from contextlib import asynccontextmanager
 
 import numpy as np
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import Batcher, QueueFull, TooLarge
+from service.encode import BYTES_PER_NUMBER, Base64, answer_bytes, json_response, respond
 from service.engine import Engine
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
@@ -51,13 +50,7 @@ class ApiError(Exception):
 
 
 def _json(payload, status: int = 200, headers: dict | None = None) -> Response:
-    # orjson writes numpy arrays directly, many times faster than json + tolist() for large answers.
-    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-
-def _b64(array: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").tobytes()).decode("ascii")
+    return json_response(payload, status, headers)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -216,26 +209,46 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 )
         return sentences
 
+    def answer_size(sentences: list[list[str]], outputs: int, pooled: bool, encoding: str, field: str, ways_out: str):
+        """The answer's size, estimated before the engine runs: 413 over the limit, naming the ways out."""
+        dim = app.state.engine.dim
+        size = answer_bytes([len(s) for s in sentences], dim, outputs, pooled, encoding)
+        if size > settings.max_answer_bytes:
+            vectors = len(sentences) if pooled else sum(map(len, sentences))
+            shape = f"{outputs} x {vectors} vectors of {dim}" if outputs > 1 else f"{vectors} vectors of {dim}"
+            raise ApiError(
+                413,
+                f"an answer of up to {size} bytes ({shape} numbers as {encoding}); the limit is "
+                f"{settings.max_answer_bytes} bytes per answer: ask for {ways_out}",
+                field,
+            )
+        return size
+
     @app.post("/embed", response_model=EmbedResponse, responses=ERRORS, summary="ELMo vectors of sentences")
     async def embed(body: EmbedRequest, request: Request):
         num_layers = app.state.engine.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
         sentences = await tokenized(body.sentences, "sentences")
+        outputs = len(mixes) or (num_layers if layer_ids is None else len(layer_ids))
+        ways_out = '"pooling": "mean", "encoding": "base64", fewer layers or mixes, or fewer sentences per request'
+        size = answer_size(sentences, outputs, body.pooling == "mean", body.encoding, "sentences", ways_out)
         results = await embed_tokens(request, sentences, "sentences")
-        data = []
-        for i, (tokens, layers) in enumerate(zip(sentences, results, strict=True)):
-            out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix=body.mixes is None)
-            embedding = _b64(out) if body.encoding == "base64" else out
-            data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape)})
-        return _json(
-            {
+
+        def answer() -> dict:
+            data = []
+            for i, (tokens, layers) in enumerate(zip(sentences, results, strict=True)):
+                out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix=body.mixes is None)
+                embedding = Base64(out) if body.encoding == "base64" else out
+                data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape)})
+            return {
                 "model": app.state.model_name,
                 "dim": app.state.engine.dim,
                 "num_layers": num_layers,
                 "data": data,
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
             }
-        )
+
+        return await respond(answer, size)
 
     @app.post(
         "/v1/embeddings",
@@ -248,22 +261,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not texts:
             raise ApiError(422, "empty list", "input")
         sentences = await tokenized(texts, "input")
+        ways_out = '"encoding_format": "base64", or fewer inputs per request'
+        size = answer_size(sentences, 1, True, body.encoding_format, "input", ways_out)
         results = await embed_tokens(request, sentences, "input")
         default_mix = [([0.0] * app.state.engine.num_layers, 1.0, "softmax", False)]
-        data = []
-        for i, layers in enumerate(results):
-            vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True)
-            embedding = _b64(vector) if body.encoding_format == "base64" else vector
-            data.append({"object": "embedding", "index": i, "embedding": embedding})
-        tokens = sum(map(len, sentences))
-        return _json(
-            {
+
+        def answer() -> dict:
+            data = []
+            for i, layers in enumerate(results):
+                vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True)
+                embedding = Base64(vector) if body.encoding_format == "base64" else vector
+                data.append({"object": "embedding", "index": i, "embedding": embedding})
+            tokens = sum(map(len, sentences))
+            return {
                 "object": "list",
                 "data": data,
                 "model": app.state.model_name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
-        )
+
+        return await respond(answer, size)
 
     @app.get("/health/live", summary="the process is up")
     async def live():
@@ -299,6 +316,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "max_body_bytes": settings.max_body_bytes,
                     "max_inflight_bytes": settings.max_inflight_bytes,
                     "max_layers_or_mixes": MAX_OUTPUTS,
+                    "max_text_chars": settings.max_text_chars,
+                    "max_answer_bytes": settings.max_answer_bytes,
+                    "answer_bytes_per_number": BYTES_PER_NUMBER,
+                    "max_header_bytes": settings.max_header_bytes,
+                    "max_headers": settings.max_headers,
+                    "head_timeout_s": settings.head_timeout_s,
+                    "body_timeout_s": settings.body_timeout_s,
+                    "body_min_rate": settings.body_min_rate,
                     "queue_tokens": settings.queue_tokens,
                     "batch_tokens": settings.batch_tokens,
                 },

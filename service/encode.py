@@ -36,10 +36,11 @@ class Base64:
 
 
 def answer_bytes(token_counts: list[int], dim: int, outputs: int, pooled: bool, encoding: str) -> int:
-    """At most how many bytes the vectors of an answer take: tokens (or sentences, when pooled) x dim x
-    layers or mixes x bytes per number of the encoding (the tokens echoed back are bounded by the body)."""
-    vectors = len(token_counts) if pooled else sum(token_counts)
-    return math.ceil(vectors * dim * outputs * BYTES_PER_NUMBER[encoding])
+    """At most how many bytes the vectors of an answer take: tokens (or sentences, when pooled) x layers or
+    mixes x (dim x bytes per number of the encoding, + 3 for a vector's brackets or quotes and a comma); the
+    tokens echoed back are bounded by the body."""
+    vectors = (len(token_counts) if pooled else sum(token_counts)) * outputs
+    return math.ceil(vectors * (dim * BYTES_PER_NUMBER[encoding] + 3))
 
 
 def json_response(payload, status: int = 200, headers: dict | None = None) -> Response:

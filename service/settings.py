@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(
         1_000_000, ge=1, description="characters of a sentence sent as text, for the server to tokenize"
     )
+    # 64 MiB of JSON takes orjson about 0.3 s and the client longer: a bound on one answer's memory and time.
+    max_answer_bytes: int = Field(
+        64 << 20, ge=1, description="an answer's size, estimated before the engine runs (17 bytes a JSON number)"
+    )
 
     # connections: how long a client may take, and how large a request head may be (a slow or idle one would
     # otherwise hold a connection, and its body the in-flight budget, for as long as it likes)

@@ -69,6 +69,10 @@ CASES = [
          route="/v1/embeddings"),
     Case("text-over-a-million-chars", lambda: js({"sentences": ["x" * 1_000_001]}), 413, "sentences[0]"),
     Case("more-tokens-than-the-queue", lambda: js({"sentences": [["a"] * 200] * 512}), 413, "sentences"),
+    # An answer over 64 MiB (512 x 126 tokens, 8 copies: 1.4 GB of JSON once, 12 s of the event loop).
+    Case("answer-of-8-mixes", lambda: js({"sentences": [["a"] * 126] * 512, "mixes": [{}] * 8}), 413, "sentences"),
+    Case("answer-of-8-layers", lambda: js({"sentences": [["a"] * 126] * 512, "output": "layers",
+         "layers": [0, 1, 2, 0, 1, 2, 0, 1]}), 413, "sentences"),
     Case("body-over-8-MiB", lambda: js({"sentences": [["x" * 1000] * 9000]}), 413, "body"),
     Case("body-over-8-MiB-chunked", lambda: iter([b'{"sentences": [["'] + [b"x" * 65536] * 140 + [b'"]]}']), 413,
          "body"),

@@ -13,6 +13,7 @@ import select
 import socket
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -271,3 +272,29 @@ def test_an_idle_connection_between_requests_is_closed(impatient):
     seconds, got = closed_after(sock)
     assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b'{"status":"live"}')  # kept alive, then closed
     assert 0.9 <= seconds < 5
+
+
+def test_a_large_answer_is_encoded_off_the_event_loop(tiny_model_dir, tmp_path, engine, sentences):
+    # Near the answer limit (64 MiB estimated; 512 sentences of 76 tokens, 3 layers of 32 as JSON): sent in parts
+    # with its length, the numbers of its own sentences, while small requests are answered meanwhile.
+    own = [[*sentences[k % 30][:75], f"s{k}"][:76] for k in range(512)]
+    own = [s + ["pad"] * (76 - len(s)) for s in own]
+    body = {"sentences": own, "output": "layers"}
+    with running_server(tiny_model_dir, tmp_path) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        assert 60 << 20 < len(own) * 76 * 3 * (32 * 17 + 3) <= client.get("/info").json()["limits"]["max_answer_bytes"]
+        with ThreadPoolExecutor(1) as pool:
+            large = pool.submit(client.post, "/embed", json=body)
+            small = []
+            while not large.done():
+                start = time.monotonic()
+                response = client.post("/embed", json={"sentences": [["small", "one"]], "pooling": "mean"})
+                small.append((response.status_code, time.monotonic() - start))
+            response = large.result()
+        assert response.status_code == 200 and int(response.headers["content-length"]) == len(response.content)
+        data = response.json()["data"]
+        for k in range(0, 512, 64):
+            np.testing.assert_allclose(np.asarray(data[k]["embedding"]), engine.run([own[k]])[0], rtol=0, atol=1e-6)
+        assert {status for status, _ in small} == {200}
+        print(f"{len(response.content) >> 20} MiB answer; {len(small)} small requests meanwhile, the slowest "
+              f"{max(s for _, s in small):.2f} s")  # fmt: skip
+        assert max(s for _, s in small) < 5  # a hang detector: bench/hostile.py measures the latency
