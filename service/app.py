@@ -260,6 +260,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "empty list", "input")
+        dim = app.state.engine.dim
+        if body.dimensions is not None and body.dimensions != dim:  # ignoring it would hand back the wrong size
+            raise ApiError(422, f"{body.dimensions} asked for; this model's vectors have {dim}", "dimensions")
         sentences = await tokenized(texts, "input")
         ways_out = '"encoding_format": "base64", or fewer inputs per request'
         size = answer_size(sentences, 1, True, body.encoding_format, "input", ways_out)

@@ -34,7 +34,7 @@ class EmbedRequest(Mix):
     )
     output: Literal["mix", "layers"] = Field("mix", description="the scalar mix, or the per-layer vectors")
     layers: list[int] | None = Field(
-        None, max_length=MAX_OUTPUTS, description='with output "layers": which layers, in this order'
+        None, min_length=1, max_length=MAX_OUTPUTS, description='with output "layers": which layers, in this order'
     )
     pooling: Literal["none", "mean"] = Field("none", description='"mean" averages over the tokens')
     encoding: Literal["float", "base64"] = Field("float", description="base64: little-endian float32, C order")
@@ -69,6 +69,9 @@ class OpenAIEmbeddingRequest(BaseModel):
     input: str | list[str] = Field(..., description="a string or a list of strings")
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
+    # OpenAI's schema has it; ignored, a client would get vectors of a size it did not ask for: only the
+    # model's own is accepted (422 otherwise).
+    dimensions: int | None = Field(None, description="the model's dim, if given (vectors cannot be shortened)")
 
 
 class OpenAIEmbedding(BaseModel):

@@ -233,6 +233,7 @@ BAD_BODIES = [  # (id, body, the field `detail` starts with)
     ("whitespace-string", {"sentences": ["fine", " \t\n "]}, "sentences[1]"),
     ("empty-string", {"sentences": [""]}, "sentences[0]"),
     ("unknown-output", {"sentences": ONE, "output": "all"}, "output"),
+    ("no-layers", {"sentences": ONE, "output": "layers", "layers": []}, "layers"),
     ("unknown-normalize", {"sentences": ONE, "normalize": "l2"}, "normalize"),
     ("unknown-pooling", {"sentences": ONE, "pooling": "max"}, "pooling"),
     ("unknown-encoding", {"sentences": ONE, "encoding": "hex"}, "encoding"),
@@ -281,6 +282,8 @@ BAD_OPENAI = [
     ("token-ids", {"input": [1, 2]}, "input"),
     ("unknown-format", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
     ("number-model", {"input": "a", "model": 1}, "model"),
+    ("dimensions-not-the-model-s", {"input": "a", "dimensions": DIM // 2}, "dimensions"),
+    ("dimensions-string", {"input": "a", "dimensions": "32"}, "dimensions"),
 ]
 
 
@@ -364,9 +367,12 @@ def test_still_serving_after_the_errors(client):
 
 def test_openai_embeddings(client, tiny_model_dir):
     texts = ["Hello, world!", "The bank of the river."]
-    single = client.post("/v1/embeddings", json={"input": texts[0], "model": "anything", "user": "ignored"})
+    single = client.post(
+        "/v1/embeddings", json={"input": texts[0], "model": "anything", "user": "ignored", "dimensions": DIM}
+    )  # the model's own dimensions: accepted
     assert single.status_code == 200, single.text
     one = single.json()
+    assert len(one["data"][0]["embedding"]) == DIM
     assert (one["object"], one["model"]) == ("list", tiny_model_dir.name)
     assert one["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
     assert [(d["object"], d["index"]) for d in one["data"]] == [("embedding", 0)]
@@ -408,6 +414,10 @@ def test_info(client, server, tiny_model_dir):
     assert (limits["max_sentences"], limits["max_tokens_per_sentence"]) == (MAX_SENTENCES, MAX_TOKENS)
     assert limits["max_body_bytes"] == MAX_BODY and limits["batch_tokens"] == 4096
     assert limits["max_inflight_bytes"] == 64 << 20 and limits["max_layers_or_mixes"] == 8
+    assert limits["max_text_chars"] == 1_000_000 and limits["max_answer_bytes"] == 64 << 20
+    assert limits["answer_bytes_per_number"] == {"float": 17, "base64": 16 / 3}
+    assert (limits["max_header_bytes"], limits["max_headers"]) == (16384, 100)
+    assert (limits["head_timeout_s"], limits["body_timeout_s"], limits["body_min_rate"]) == (10, 10, 65536)
     settings = info["settings"]
     assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"

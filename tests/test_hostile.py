@@ -117,6 +117,9 @@ CASES = [
     Case("float-layer-1e30", lambda: b'{"sentences": [["a"]], "output": "layers", "layers": [1e30]}', 422,
          "layers"),
     # Lists that would multiply the answer, or the error report.
+    Case("no-layers", lambda: js({"sentences": [["a"]], "output": "layers", "layers": []}), 422, "layers"),
+    Case("openai-dimensions-not-the-model-s", lambda: js({"input": "a", "dimensions": 8}), 422, "dimensions",
+         route="/v1/embeddings"),
     Case("10k-layers", lambda: js({"sentences": [["a"]], "output": "layers", "layers": [0] * 10_000}), 422,
          "layers"),
     Case("10k-mixes", lambda: js({"sentences": [["a"]], "mixes": [{}] * 10_000}), 422, "mixes"),
