@@ -4,12 +4,10 @@ ONNX Runtime in engine.py, the arithmetic of mixes in mix.py."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from contextlib import asynccontextmanager
 
 import numpy as np
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import Batcher, QueueFull, TooLarge
 from service.chars import token_bytes
+from service.encode import BYTES_PER_NUMBER, Base64, answer_bytes, json_response, respond
 from service.engine import Engine
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
@@ -36,7 +35,7 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.stepper import Stepper
-from service.tokenize import min_tokens, tokenize
+from service.tokenize import max_tokens, min_tokens, tokenize
 
 log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
@@ -54,13 +53,7 @@ class ApiError(Exception):
 
 
 def _json(payload, status: int = 200, headers: dict | None = None) -> Response:
-    # orjson writes numpy arrays directly, many times faster than json + tolist() for large answers.
-    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-
-def _b64(array: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").tobytes()).decode("ascii")
+    return json_response(payload, status, headers)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -121,6 +114,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit=settings.max_body_bytes,
         inflight=settings.max_inflight_bytes,
         retry_after_s=settings.retry_after_s,
+        timeout_s=settings.body_timeout_s,
+        min_rate=settings.body_min_rate,
     )
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
     app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
@@ -195,15 +190,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         over the tokens-per-sentence limit is not refused but comes back whole, for `_truncate` to cut."""
         if len(items) > settings.max_sentences:
             raise ApiError(413, f"{len(items)} sentences; the limit is {settings.max_sentences} per request", field)
+        for i, x in enumerate(items):
+            if isinstance(x, str) and len(x) > settings.max_text_chars:
+                limit = settings.max_text_chars
+                raise ApiError(413, f"{len(x)} characters; the limit is {limit} per text", f"{field}[{i}]")
         at_least = [min_tokens(x) if isinstance(x, str) else len(x) for x in items]
         for i, n in enumerate(at_least):
             if n > settings.max_tokens_per_sentence and not truncate:
                 counted = f"at least {n}" if isinstance(items[i], str) else str(n)
                 limit = settings.max_tokens_per_sentence
                 raise ApiError(413, f"{counted} tokens; the limit is {limit}", f"{field}[{i}]")
-        if truncate:  # what will be queued of each sentence
-            at_least = [min(n, settings.max_tokens_per_sentence) for n in at_least]
-        if (total := sum(at_least) + 2 * len(items)) > settings.queue_tokens:
+        at_most = _at_most(items, settings.max_tokens_per_sentence, field, truncate)  # before Moses reads a text
+        if (total := sum(at_most) + 2 * len(items)) > settings.queue_tokens:
             raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
         sentences = items
         if any(isinstance(x, str) for x in items):
@@ -219,28 +217,48 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 )
         return sentences
 
+    def answer_size(sentences: list[list[str]], outputs: int, pooled: bool, encoding: str, field: str, ways_out: str):
+        """The answer's size, estimated before the engine runs: 413 over the limit, naming the ways out."""
+        dim = app.state.engine.dim
+        size = answer_bytes([len(s) for s in sentences], dim, outputs, pooled, encoding)
+        if size > settings.max_answer_bytes:
+            vectors = len(sentences) if pooled else sum(map(len, sentences))
+            shape = f"{outputs} x {vectors} vectors of {dim}" if outputs > 1 else f"{vectors} vectors of {dim}"
+            raise ApiError(
+                413,
+                f"an answer of up to {size} bytes ({shape} numbers as {encoding}); the limit is "
+                f"{settings.max_answer_bytes} bytes per answer: ask for {ways_out}",
+                field,
+            )
+        return size
+
     @app.post("/embed", response_model=EmbedResponse, responses=ERRORS, summary="ELMo vectors of sentences")
     async def embed(body: EmbedRequest, request: Request):
         num_layers = app.state.engine.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
         sentences = await tokenized(body.sentences, "sentences", body.truncate)
         sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, body.truncate)
+        outputs = len(mixes) or (num_layers if layer_ids is None else len(layer_ids))
+        ways_out = '"pooling": "mean", "encoding": "base64", fewer layers or mixes, or fewer sentences per request'
+        size = answer_size(sentences, outputs, body.pooling == "mean", body.encoding, "sentences", ways_out)
         results = await embed_tokens(request, sentences, "sentences")
-        data = []
-        for i, (tokens, layers, cut) in enumerate(zip(sentences, results, cuts, strict=True)):
-            single_mix = body.mixes is None
-            out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix, body.unit_length)
-            embedding = _b64(out) if body.encoding == "base64" else out
-            data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
-        return _json(
-            {
+
+        def answer() -> dict:
+            data = []
+            for i, (tokens, layers, cut) in enumerate(zip(sentences, results, cuts, strict=True)):
+                single_mix = body.mixes is None
+                out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix, body.unit_length)
+                embedding = Base64(out) if body.encoding == "base64" else out
+                data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
+            return {
                 "model": app.state.model_name,
                 "dim": app.state.engine.dim,
                 "num_layers": num_layers,
                 "data": data,
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
             }
-        )
+
+        return await respond(answer, size)
 
     @app.post(
         "/v1/embeddings",
@@ -252,24 +270,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "empty list", "input")
+        dim = app.state.engine.dim
+        if body.dimensions is not None and body.dimensions != dim:  # ignoring it would hand back the wrong size
+            raise ApiError(422, f"{body.dimensions} asked for; this model's vectors have {dim}", "dimensions")
         sentences = await tokenized(texts, "input", body.truncate)
         sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, body.truncate)
+        ways_out = '"encoding_format": "base64", or fewer inputs per request'
+        size = answer_size(sentences, 1, True, body.encoding_format, "input", ways_out)
         results = await embed_tokens(request, sentences, "input")
         default_mix = [([0.0] * app.state.engine.num_layers, 1.0, "softmax", False)]
-        data = []
-        for i, (layers, cut) in enumerate(zip(results, cuts, strict=True)):
-            vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True, unit=body.unit_length)
-            embedding = _b64(vector) if body.encoding_format == "base64" else vector
-            data.append({"object": "embedding", "index": i, "embedding": embedding, **cut})
-        tokens = sum(map(len, sentences))
-        return _json(
-            {
+
+        def answer() -> dict:
+            data = []
+            for i, (layers, cut) in enumerate(zip(results, cuts, strict=True)):
+                vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True, unit=body.unit_length)
+                embedding = Base64(vector) if body.encoding_format == "base64" else vector
+                data.append({"object": "embedding", "index": i, "embedding": embedding, **cut})
+            tokens = sum(map(len, sentences))
+            return {
                 "object": "list",
                 "data": data,
                 "model": app.state.model_name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
-        )
+
+        return await respond(answer, size)
 
     @app.post(
         "/tokenize",
@@ -332,6 +357,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "max_body_bytes": settings.max_body_bytes,
                     "max_inflight_bytes": settings.max_inflight_bytes,
                     "max_layers_or_mixes": MAX_OUTPUTS,
+                    "max_text_chars": settings.max_text_chars,
+                    "max_answer_bytes": settings.max_answer_bytes,
+                    "answer_bytes_per_number": BYTES_PER_NUMBER,
+                    "max_header_bytes": settings.max_header_bytes,
+                    "max_headers": settings.max_headers,
+                    "head_timeout_s": settings.head_timeout_s,
+                    "body_timeout_s": settings.body_timeout_s,
+                    "body_min_rate": settings.body_min_rate,
                     "queue_tokens": settings.queue_tokens,
                     "batch_tokens": settings.batch_tokens,
                 },
@@ -368,6 +401,29 @@ def _truncate(sentences: list[list[str]], limit: int, truncate: bool) -> tuple[l
         return sentences, [{}] * len(sentences)
     cuts = [{"truncated": len(s) > limit, "original_tokens": len(s)} for s in sentences]
     return [s[:limit] for s in sentences], cuts
+
+
+# With truncate, a text is not refused for its tokens but cut after Moses has read it: up to this many times the
+# limit (by the upper bound that counts punctuation), so that Moses's work stays bounded.
+TRUNCATE_READS = 16
+
+
+def _at_most(items: list, limit: int, field: str, truncate: bool = False) -> list[int]:
+    """Each sentence's tokens, or for a text an upper bound on what Moses will make of it, as queued (with
+    `truncate`, at most `limit`): over the limit (with `truncate`, over TRUNCATE_READS times it), 413 before Moses
+    reads it (`"a," * 4_000_000` is one word by whitespace and 8 million tokens)."""
+    readable = limit * TRUNCATE_READS if truncate else limit
+    counts = [max_tokens(x, stop=readable + 1) if isinstance(x, str) else len(x) for x in items]
+    for i, n in enumerate(counts):
+        if (isinstance(items[i], str) and n > readable) if truncate else n > limit:  # a list is cut, not read
+            cut = f" to truncate (at most {readable})" if truncate else ""
+            raise ApiError(
+                413,
+                f"over {readable} words and punctuation marks (each may be a token){cut}; the limit is {limit} "
+                "tokens: send it shorter, or as a list of tokens",
+                f"{field}[{i}]",
+            )
+    return [min(n, limit) for n in counts]
 
 
 def _cut(part: str | int) -> str | int:

@@ -100,7 +100,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     from service.app import create_app, start_draining
     from service.engine import read_manifest
-    from service.server import DrainingServer
+    from service.server import BoundedHttpProtocol, DrainingServer
     from service.settings import Settings
 
     overrides = {k: v for k, v in {"model_dir": args.model, "host": args.host, "port": args.port}.items() if v}
@@ -126,6 +126,8 @@ def serve_main(argv: list[str] | None = None) -> int:
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=settings.drain_s,
+        timeout_keep_alive=settings.keep_alive_s,
+        http=BoundedHttpProtocol.configured(settings.head_timeout_s, settings.max_header_bytes, settings.max_headers),
     )
     server = DrainingServer(config, on_signal=lambda: start_draining(app))
     server.run()

@@ -47,11 +47,18 @@ class ApiKeys:
 
 class BodyLimit:
     """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed), and bound
-    what the bodies of all requests in flight hold together: over `inflight` bytes, 503 with Retry-After."""
+    what the bodies of all requests in flight hold together: over `inflight` bytes, 503 with Retry-After.
 
-    def __init__(self, app, limit: int, inflight: int, retry_after_s: int):
+    A body must also keep arriving: each part within `timeout_s` of the last (the first within `timeout_s` of
+    the headers), and all of it at `min_rate` bytes/s on average once `timeout_s` has passed. A slower one is
+    answered 408 and its connection closed, and its bytes leave the in-flight budget at once: without this,
+    ten clients that send most of a large body and then stop would hold the whole budget for as long as they
+    keep their connections open, and every other POST would get 503."""
+
+    def __init__(self, app, limit: int, inflight: int, retry_after_s: int, timeout_s: float, min_rate: int):
         self.app, self.limit, self.inflight = app, limit, inflight
         self.retry_after = str(retry_after_s).encode()
+        self.timeout_s, self.min_rate = timeout_s, min_rate
         self.held = 0  # bytes of the bodies of all requests in flight
 
     async def __call__(self, scope, receive, send):
@@ -61,9 +68,13 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._too_large(send)
         chunks, size, more = [], 0, True
+        start = perf_counter()
         try:
             while more:
-                message = await receive()
+                try:
+                    message = await asyncio.wait_for(receive(), self._wait(start, size))
+                except asyncio.TimeoutError:
+                    return await self._too_slow(send, size, perf_counter() - start)
                 if message["type"] != "http.request":
                     break  # the client went away; the app will see it
                 chunk = message.get("body", b"")
@@ -91,6 +102,23 @@ class BodyLimit:
             await self.app(scope, replay, send)
         finally:
             self.held -= size
+
+    def _wait(self, start: float, size: int) -> float:
+        """How long the next part of a body may take: `timeout_s`, less whatever the body is behind the
+        minimum rate (a client that sent 7 MiB fast earns no credit to stall on)."""
+        if not self.min_rate:
+            return self.timeout_s
+        behind_rate = start + self.timeout_s + size / self.min_rate - perf_counter()
+        return max(0.0, min(self.timeout_s, behind_rate))
+
+    async def _too_slow(self, send, size: int, seconds: float):
+        rate = f", at least {self.min_rate} bytes/s on average" if self.min_rate else ""
+        detail = (
+            f"body: too slow ({size} bytes in {seconds:.1f} s); a body must keep arriving (a part at least every "
+            f"{self.timeout_s:g} s{rate})"
+        )
+        # The rest of the body is never read: the connection cannot carry another request, so it is closed.
+        await send_json(send, 408, {"detail": detail}, [(b"connection", b"close")])
 
     async def _too_large(self, send):
         await send_json(send, 413, {"detail": f"body: larger than the limit of {self.limit} bytes"})

@@ -34,7 +34,7 @@ class EmbedRequest(Mix):
     )
     output: Literal["mix", "layers"] = Field("mix", description="the scalar mix, or the per-layer vectors")
     layers: list[int] | None = Field(
-        None, max_length=MAX_OUTPUTS, description='with output "layers": which layers, in this order'
+        None, min_length=1, max_length=MAX_OUTPUTS, description='with output "layers": which layers, in this order'
     )
     pooling: Literal["none", "mean"] = Field("none", description='"mean" averages over the tokens')
     encoding: Literal["float", "base64"] = Field("float", description="base64: little-endian float32, C order")
@@ -112,6 +112,9 @@ class OpenAIEmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     unit_length: bool = Field(False, description="scale each vector to L2 norm 1")
     truncate: bool = Field(False, description="cut an input over the tokens-per-sentence limit instead of a 413")
+    # OpenAI's schema has it; ignored, a client would get vectors of a size it did not ask for: only the
+    # model's own is accepted (422 otherwise).
+    dimensions: int | None = Field(None, description="the model's dim, if given (vectors cannot be shortened)")
 
 
 class OpenAIEmbedding(BaseModel):

@@ -40,6 +40,26 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(
         64 << 20, ge=1, description="bodies of all requests in flight together (503 above); at least max_body_bytes"
     )
+    max_text_chars: int = Field(
+        1_000_000, ge=1, description="characters of a sentence sent as text, for the server to tokenize"
+    )
+    # 64 MiB of JSON takes orjson about 0.3 s and the client longer: a bound on one answer's memory and time.
+    max_answer_bytes: int = Field(
+        64 << 20, ge=1, description="an answer's size, estimated before the engine runs (17 bytes a JSON number)"
+    )
+
+    # connections: how long a client may take, and how large a request head may be (a slow or idle one would
+    # otherwise hold a connection, and its body the in-flight budget, for as long as it likes)
+    head_timeout_s: float = Field(
+        10.0, gt=0, description="a request line and headers must arrive within this of the connection or first byte"
+    )
+    body_timeout_s: float = Field(10.0, gt=0, description="longest wait for the next part of a body (408 after it)")
+    body_min_rate: int = Field(
+        65536, ge=0, description="bytes/s a body must average once body_timeout_s has passed (0: no minimum)"
+    )
+    keep_alive_s: float = Field(5.0, gt=0, description="an idle connection between requests is closed after this")
+    max_header_bytes: int = Field(16384, ge=1024, description="request line and headers together (431 above)")
+    max_headers: int = Field(100, ge=8, description="headers per request (431 above)")
 
     # ONNX Runtime
     provider: str = Field("auto", pattern="^(auto|cpu|cuda)$")

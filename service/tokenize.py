@@ -1,14 +1,18 @@
 """Raw text -> tokens for requests that send strings: the Moses tokenizer (sacremoses), the kind of
-tokenization the published ELMo training data (the 1B Word Benchmark) was made with."""
+tokenization the published ELMo training data (the 1B Word Benchmark) was made with. Before Moses runs, two
+cheap bounds on the tokens it would make decide whether a text is refused: Moses never runs on one that is."""
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
+from itertools import islice
 
 from sacremoses import MosesTokenizer
 
 _ASCII_JUNK = re.compile(r"[\x00-\x1f]")  # what Moses deletes once whitespace is made single spaces
+# A run of the characters Moses keeps together (its own IsAlnum class), or any one other visible character.
+_PIECE = re.compile(rf"[{MosesTokenizer.IsAlnum}]+|[^{MosesTokenizer.IsAlnum}\s]")
 
 
 @lru_cache(maxsize=1)
@@ -26,3 +30,13 @@ def min_tokens(text: str) -> int:
     spaces and deletes the other ASCII control characters, then only ever splits words further. A request
     over a limit is refused with this before any (much slower) tokenization."""
     return len(_ASCII_JUNK.sub("", " ".join(text.split())).split())
+
+
+def max_tokens(text: str, stop: int | None = None) -> int:
+    """An upper bound on len(tokenize(text)), counted no further than `stop`: its runs of letters and digits
+    plus its other non-space characters. Moses (with escape and aggressive dash splits off) only inserts
+    spaces, deletes control characters and turns dot runs into a marker and back: every split it makes is
+    next to a character outside its IsAlnum class, so a run of those is at most one token on its own, and
+    every other token holds at least one other character. `"a," * 4_000_000` is one word and 8 000 000
+    tokens; counting stops at `stop`, so a text over a limit costs no more than the limit to refuse."""
+    return sum(1 for _ in islice(_PIECE.finditer(text), stop))

@@ -111,12 +111,16 @@ def answered_statuses(client: httpx.Client) -> set[str]:
     }
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process (VmRSS in /proc)."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of a process (VmRSS in /proc; VmHWM: the most it ever had)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    return rss_bytes(pid, "VmHWM")
 
 
 class SlowBody:
@@ -139,3 +143,22 @@ class SlowBody:
         body = response.read()
         self.sock.close()
         return response.status, dict(response.getheaders()), body
+
+
+def raw_exchange(port: int, data: bytes, answers: int, timeout: float = 30) -> list[tuple[int, dict, bytes]]:
+    """Send `data` on a new connection as it is (pipelined requests, garbage, oversized heads) and read up to
+    `answers` responses in order (fewer if the server closes the connection first)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        stream = sock.makefile("rb")
+        got = []
+        for _ in range(answers):
+            status_line = stream.readline()
+            if not status_line:
+                break
+            headers = {}
+            while (line := stream.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            got.append((int(status_line.split()[1]), headers, stream.read(int(headers.get("content-length", 0)))))
+        return got

@@ -334,6 +334,7 @@ BAD_BODIES = [  # (id, body, the field `detail` starts with)
     ("whitespace-string", {"sentences": ["fine", " \t\n "]}, "sentences[1]"),
     ("empty-string", {"sentences": [""]}, "sentences[0]"),
     ("unknown-output", {"sentences": ONE, "output": "all"}, "output"),
+    ("no-layers", {"sentences": ONE, "output": "layers", "layers": []}, "layers"),
     ("unknown-normalize", {"sentences": ONE, "normalize": "l2"}, "normalize"),
     ("unknown-pooling", {"sentences": ONE, "pooling": "max"}, "pooling"),
     ("unknown-encoding", {"sentences": ONE, "encoding": "hex"}, "encoding"),
@@ -385,6 +386,8 @@ BAD_OPENAI = [
     ("unknown-format", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
     ("string-truncate", {"input": "a", "truncate": "yes"}, "truncate"),
     ("number-model", {"input": "a", "model": 1}, "model"),
+    ("dimensions-not-the-model-s", {"input": "a", "dimensions": DIM // 2}, "dimensions"),
+    ("dimensions-string", {"input": "a", "dimensions": "32"}, "dimensions"),
 ]
 
 
@@ -435,6 +438,13 @@ OVER_LIMITS = [  # (id, route, body, field, limit)
     ("sentences", "/embed", {"sentences": ONE * (MAX_SENTENCES + 1)}, "sentences", MAX_SENTENCES),
     ("tokens", "/embed", {"sentences": [["a"], ["a"] * (MAX_TOKENS + 1)]}, "sentences[1]", MAX_TOKENS),
     ("tokens-of-string", "/embed", {"sentences": [" ".join(["a"] * (MAX_TOKENS + 1))]}, "sentences[0]", MAX_TOKENS),
+    (
+        "tokens-of-punctuated-string",
+        "/embed",
+        {"sentences": ["a," * (MAX_TOKENS // 2 + 1)]},
+        "sentences[0]",
+        MAX_TOKENS,
+    ),  # one word by whitespace, 402 tokens by Moses
     ("openai-inputs", "/v1/embeddings", {"input": ["a"] * (MAX_SENTENCES + 1)}, "input", MAX_SENTENCES),
     ("openai-tokens", "/v1/embeddings", {"input": " ".join(["a"] * (MAX_TOKENS + 1))}, "input[0]", MAX_TOKENS),
     ("tokenize-sentences", "/tokenize", {"sentences": ONE * (MAX_SENTENCES + 1)}, "sentences", MAX_SENTENCES),
@@ -480,9 +490,12 @@ def test_still_serving_after_the_errors(client):
 
 def test_openai_embeddings(client, tiny_model_dir):
     texts = ["Hello, world!", "The bank of the river."]
-    single = client.post("/v1/embeddings", json={"input": texts[0], "model": "anything", "user": "ignored"})
+    single = client.post(
+        "/v1/embeddings", json={"input": texts[0], "model": "anything", "user": "ignored", "dimensions": DIM}
+    )  # the model's own dimensions: accepted
     assert single.status_code == 200, single.text
     one = single.json()
+    assert len(one["data"][0]["embedding"]) == DIM
     assert (one["object"], one["model"]) == ("list", tiny_model_dir.name)
     assert one["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
     assert [(d["object"], d["index"]) for d in one["data"]] == [("embedding", 0)]
@@ -528,6 +541,10 @@ def test_info(client, server, tiny_model_dir):
     assert (limits["max_sentences"], limits["max_tokens_per_sentence"]) == (MAX_SENTENCES, MAX_TOKENS)
     assert limits["max_body_bytes"] == MAX_BODY and limits["batch_tokens"] == 4096
     assert limits["max_inflight_bytes"] == 64 << 20 and limits["max_layers_or_mixes"] == 8
+    assert limits["max_text_chars"] == 1_000_000 and limits["max_answer_bytes"] == 64 << 20
+    assert limits["answer_bytes_per_number"] == {"float": 17, "base64": 16 / 3}
+    assert (limits["max_header_bytes"], limits["max_headers"]) == (16384, 100)
+    assert (limits["head_timeout_s"], limits["body_timeout_s"], limits["body_min_rate"]) == (10, 10, 65536)
     settings = info["settings"]
     assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"

@@ -4,19 +4,23 @@ in seconds with a 4xx whose `detail` starts with the field at fault (or, where t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import httpx
 import numpy as np
 import pytest
 
-from tests.server import answered_statuses, rss_bytes, running_server
+from tests.server import answered_statuses, peak_rss_bytes, raw_exchange, rss_bytes, running_server
 
 ANSWER_S = 10  # the slowest row answers in well under a second here; a hang or a quadratic path does not
 MILLION = "x" * 1_000_000
+BOMB = "a," * 4_000_000  # 8 MB, one word by whitespace, 8 million tokens by Moses
 DEEP = 5000
 
 
@@ -64,7 +68,21 @@ CASES = [
     Case("million-char-token-tokenized", lambda: js({"sentences": [[MILLION]]}), 200, "", route="/tokenize"),
     Case("100k-tokenize-sentences", lambda: js({"sentences": [["a"]] * 100_000}), 413, "sentences",
          route="/tokenize"),
+    # Text whose words (by whitespace) are few but whose tokens are many: refused before Moses reads it.
+    Case("punctuation-bomb-text", lambda: js({"sentences": [BOMB]}), 413, "sentences[0]"),  # Moses: 13 s, 2 GB
+    Case("punctuation-dense-text", lambda: js({"sentences": ["a," * 400_000]}), 413, "sentences[0]"),
+    Case("punctuation-dense-openai", lambda: js({"input": ["fine", "." * 900_000]}), 413, "input[1]",
+         route="/v1/embeddings"),
+    Case("text-over-a-million-chars", lambda: js({"sentences": ["x" * 1_000_001]}), 413, "sentences[0]"),
+    # truncate reads at most 16 times the limit: a bomb is still refused before Moses, a long text is cut
+    Case("punctuation-bomb-truncated", lambda: js({"sentences": [BOMB], "truncate": True}), 413, "sentences[0]"),
+    Case("punctuation-text-truncated", lambda: js({"sentences": ["a," * 5000], "truncate": True, "output": "layers"}),
+         200, "", served_like=[["a", ","] * 500]),
     Case("more-tokens-than-the-queue", lambda: js({"sentences": [["a"] * 200] * 512}), 413, "sentences"),
+    # An answer over 64 MiB (512 x 126 tokens, 8 copies: 1.4 GB of JSON once, 12 s of the event loop).
+    Case("answer-of-8-mixes", lambda: js({"sentences": [["a"] * 126] * 512, "mixes": [{}] * 8}), 413, "sentences"),
+    Case("answer-of-8-layers", lambda: js({"sentences": [["a"] * 126] * 512, "output": "layers",
+         "layers": [0, 1, 2, 0, 1, 2, 0, 1]}), 413, "sentences"),
     Case("body-over-8-MiB", lambda: js({"sentences": [["x" * 1000] * 9000]}), 413, "body"),
     Case("body-over-8-MiB-chunked", lambda: iter([b'{"sentences": [["'] + [b"x" * 65536] * 140 + [b'"]]}']), 413,
          "body"),
@@ -109,6 +127,9 @@ CASES = [
     Case("float-layer-1e30", lambda: b'{"sentences": [["a"]], "output": "layers", "layers": [1e30]}', 422,
          "layers"),
     # Lists that would multiply the answer, or the error report.
+    Case("no-layers", lambda: js({"sentences": [["a"]], "output": "layers", "layers": []}), 422, "layers"),
+    Case("openai-dimensions-not-the-model-s", lambda: js({"input": "a", "dimensions": 8}), 422, "dimensions",
+         route="/v1/embeddings"),
     Case("10k-layers", lambda: js({"sentences": [["a"]], "output": "layers", "layers": [0] * 10_000}), 422,
          "layers"),
     Case("10k-mixes", lambda: js({"sentences": [["a"]], "mixes": [{}] * 10_000}), 422, "mixes"),
@@ -175,3 +196,87 @@ def test_no_server_error_and_still_ready_after_all_of_them(client, server):
     assert client.get("/health/ready").status_code == 200
     assert "Traceback" not in server.log.read_text()
     assert rss_bytes(server.pid) < 1 << 30  # a million characters here and there, not gigabytes
+
+
+def request_head(path: str = "/health/live", extra: bytes = b"") -> bytes:
+    return b"GET " + path.encode() + b" HTTP/1.1\r\nhost: 127.0.0.1\r\n" + extra + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "detail"),
+    [
+        (b"x-big: " + b"a" * 1_000_000 + b"\r\n", "headers: the request line and headers are over the limit of 16384"),
+        (b"x-a: b\r\n" * 10_000, "headers: over 100 of them; the limit is 100"),
+        (b"x-a: b\r\n" * 100, "headers: over 100 of them"),  # with host: 101
+    ],
+    ids=["one-megabyte-header", "10000-headers", "101-headers"],
+)
+def test_a_request_head_over_the_limits_is_431(server, client, extra, detail):
+    start = time.monotonic()
+    ((status, headers, body),) = raw_exchange(server.port, request_head(extra=extra), answers=2)
+    assert time.monotonic() - start < ANSWER_S
+    assert status == 431 and headers["connection"] == "close", body
+    assert json.loads(body)["detail"].startswith(detail)
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_a_request_head_at_the_limits_is_served(server):
+    extra = b"x-a: b\r\n" * 98 + b"x-big: " + b"a" * (16384 - 98 * 8 - 100) + b"\r\n"  # 100 headers, near 16 KiB
+    ((status, _, body),) = raw_exchange(server.port, request_head(extra=extra), answers=1)
+    assert status == 200 and json.loads(body) == {"status": "live"}
+
+
+def test_pipelined_requests_before_garbage_are_answered_in_order(server, engine):
+    embed = js({"sentences": [["pipelined", "first"]], "output": "layers"})
+    post = (
+        b"POST /embed HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(embed)}\r\n\r\n".encode()
+        + embed
+    )
+    answers = raw_exchange(server.port, request_head() + post + b"NOT HTTP AT ALL\r\n\r\n", answers=4)
+    assert [status for status, _, _ in answers] == [200, 200, 400]  # and then the connection closed
+    assert json.loads(answers[0][2]) == {"status": "live"}
+    (item,) = json.loads(answers[1][2])["data"]
+    np.testing.assert_allclose(layers_of(item), engine.run([["pipelined", "first"]])[0], rtol=0, atol=1e-6)
+    assert answers[2][1]["connection"] == "close" and json.loads(answers[2][2])["detail"].startswith("request: ")
+
+
+def test_eight_punctuation_bombs_at_once_are_refused_in_bounded_memory(server, client):
+    body = js({"sentences": [BOMB]})
+
+    def post(_):
+        start = time.monotonic()
+        response = httpx.post(f"{server.url}/embed", content=body, headers={"content-type": "application/json"},
+                              timeout=60)  # fmt: skip
+        return response, time.monotonic() - start
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, range(8)))
+    for response, seconds in answers:
+        assert response.status_code == 413 and response.json()["detail"].startswith("sentences[0]: 8000000 char")
+        assert seconds < ANSWER_S
+    assert peak_rss_bytes(server.pid) < 1 << 30  # was 2.75 GB: Moses made 8 million tokens of each
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_moses_never_runs_on_a_text_that_is_refused(tiny_model_dir, monkeypatch):
+    import service.app
+    from service.settings import Settings
+
+    read = []  # the lengths of the texts Moses was given
+    monkeypatch.setattr(service.app, "tokenize", lambda text: read.append(len(text)) or text.split())
+    settings = Settings(model_dir=tiny_model_dir, provider="cpu", intra_op_threads=1, inter_op_threads=1)
+    app = service.app.create_app(settings)
+
+    async def send_all():  # in this process, so that the spy sees every call
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://app") as client,
+        ):
+            for text in [BOMB, "a," * 400_000, "x" * 1_000_001, "(x) " * 600]:  # the last: 600 words, 1800 tokens
+                response = await client.post("/embed", json={"sentences": ["fine", text]})
+                assert response.status_code == 413 and response.json()["detail"].startswith("sentences[1]: ")
+            assert (await client.post("/embed", json={"sentences": ["a b", ["c"]]})).status_code == 200
+
+    asyncio.run(send_all())
+    assert read == [3]  # only the text of the request that was served

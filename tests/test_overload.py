@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
 import json
+import select
 import socket
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -160,3 +163,138 @@ def test_request_bodies_in_flight_are_bounded_together(tiny_model_dir, tmp_path)
         assert status == 200
         again = httpx.post(f"{server.url}/embed", content=body, headers={"content-type": "application/json"})
         assert again.status_code == 200  # released with its request
+
+
+def stalled_upload(port: int, declared: int, sent: int) -> socket.socket:
+    """A POST /embed that declares `declared` bytes of body, sends `sent` of them, then nothing more."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+    sock.sendall(head.encode() + b"x" * sent)
+    return sock
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict, bytes]:
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    body = response.read()
+    sock.close()
+    return response.status, dict(response.getheaders()), body
+
+
+def test_stalled_uploads_holding_the_body_budget_are_cut_off(tiny_model_dir, tmp_path):
+    # The default limits: 64 MiB of bodies in flight, a body must keep arriving (a part every 10 s). Nine uploads
+    # of 7 MiB and one of 1 MiB, all stalled, hold the whole budget: every POST is refused (503) until they are cut.
+    small = {"sentences": [["still", "served"]]}
+    with running_server(tiny_model_dir, tmp_path) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        stalled = [stalled_upload(server.port, 8 << 20, 7 << 20) for _ in range(9)]
+        stalled.append(stalled_upload(server.port, 8 << 20, (1 << 20) - 8))
+        stall = time.monotonic()
+        refused = client.post("/embed", json=small)
+        while refused.status_code == 200 and time.monotonic() < stall + 5:  # until the server has read them all
+            time.sleep(0.1)
+            refused = client.post("/embed", json=small)
+        assert refused.status_code == 503 and refused.json()["detail"].startswith("overloaded: request bodies")
+        assert refused.headers["retry-after"] == "1"
+        while (answer := client.post("/embed", json=small)).status_code != 200:
+            assert answer.status_code == 503, answer.text
+            assert time.monotonic() < stall + 15, "the stalled uploads still hold the body budget after 15 s"
+            time.sleep(0.25)
+        print(f"a small POST answered 200 {time.monotonic() - stall:.1f} s after the stall")
+        for sock in stalled:
+            status, headers, body = read_response(sock)
+            assert status == 408 and headers["connection"] == "close", body
+            assert json.loads(body)["detail"].startswith("body: too slow")
+        assert client.get("/health/ready").status_code == 200
+        assert counter(client, "elmo_requests_total", route="other", status="408") == 10
+        assert "Traceback" not in server.log.read_text()
+
+
+IMPATIENT = {"ELMO_BODY_TIMEOUT_S": "1", "ELMO_BODY_MIN_RATE": "10000", "ELMO_HEAD_TIMEOUT_S": "1",
+             "ELMO_KEEP_ALIVE_S": "1"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def impatient(tiny_model_dir, tmp_path_factory):
+    """A server that waits 1 s for a request's head, the next part of its body or the next request on an idle
+    connection, and wants 10 kB/s of body."""
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("impatient"), IMPATIENT) as s:
+        yield s
+
+
+def test_a_body_that_trickles_below_the_minimum_rate_is_cut_off(impatient):
+    # A part every 0.3 s, never 1 s apart: only the rate (2 kB/s of the 10 kB/s asked for) catches it.
+    sock = stalled_upload(impatient.port, 100_000, 0)
+    start, sent = time.monotonic(), 0
+    while not select.select([sock], [], [], 0.3)[0]:  # until the server answers (it reads all that comes)
+        assert time.monotonic() < start + 10, "a body at 2 kB/s was never cut off"
+        sock.sendall(b"x" * 600)
+        sent += 600
+    cut = time.monotonic() - start
+    status, _, body = read_response(sock)
+    assert status == 408 and json.loads(body)["detail"].startswith("body: too slow"), body
+    assert 1 <= cut < 5 and sent < 20_000  # 1 s, then the 10 kB/s it fell behind: about 1.3 s
+
+
+def test_a_body_that_keeps_up_is_served(impatient):
+    body = json.dumps({"sentences": [["kept", "up"]]}).encode()
+    slow = SlowBody(impatient.port, "POST", "/embed", body, first=0.5)
+    time.sleep(0.5)  # within the second it may wait, and the body is under the 10 kB a second allows
+    status, _, answer = slow.finish()
+    assert status == 200 and json.loads(answer)["data"][0]["tokens"] == ["kept", "up"]
+
+
+def closed_after(sock: socket.socket, bound_s: float = 10) -> tuple[float, bytes]:
+    """Seconds until the server closes the connection, and what it sent before (nothing is sent meanwhile)."""
+    start, got = time.monotonic(), b""
+    sock.settimeout(bound_s)
+    while chunk := sock.recv(65536):
+        got += chunk
+    sock.close()
+    return time.monotonic() - start, got
+
+
+def test_a_connection_that_sends_nothing_is_closed(impatient):
+    seconds, got = closed_after(socket.create_connection(("127.0.0.1", impatient.port)))
+    assert got == b"" and 0.9 <= seconds < 5
+
+
+def test_a_request_head_that_never_ends_is_408(impatient):
+    sock = socket.create_connection(("127.0.0.1", impatient.port))
+    sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: ")  # and then nothing
+    seconds, got = closed_after(sock)
+    assert got.startswith(b"HTTP/1.1 408 ") and b'{"detail":"headers: not all in within 1 s' in got, got
+    assert 0.9 <= seconds < 5
+
+
+def test_an_idle_connection_between_requests_is_closed(impatient):
+    sock = socket.create_connection(("127.0.0.1", impatient.port))
+    sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+    seconds, got = closed_after(sock)
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b'{"status":"live"}')  # kept alive, then closed
+    assert 0.9 <= seconds < 5
+
+
+def test_a_large_answer_is_encoded_off_the_event_loop(tiny_model_dir, tmp_path, engine, sentences):
+    # Near the answer limit (64 MiB estimated; 512 sentences of 76 tokens, 3 layers of 32 as JSON): sent in parts
+    # with its length, the numbers of its own sentences, while small requests are answered meanwhile.
+    own = [[*sentences[k % 30][:75], f"s{k}"][:76] for k in range(512)]
+    own = [s + ["pad"] * (76 - len(s)) for s in own]
+    body = {"sentences": own, "output": "layers"}
+    with running_server(tiny_model_dir, tmp_path) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        assert 60 << 20 < len(own) * 76 * 3 * (32 * 17 + 3) <= client.get("/info").json()["limits"]["max_answer_bytes"]
+        with ThreadPoolExecutor(1) as pool:
+            large = pool.submit(client.post, "/embed", json=body)
+            small = []
+            while not large.done():
+                start = time.monotonic()
+                response = client.post("/embed", json={"sentences": [["small", "one"]], "pooling": "mean"})
+                small.append((response.status_code, time.monotonic() - start))
+            response = large.result()
+        assert response.status_code == 200 and int(response.headers["content-length"]) == len(response.content)
+        data = response.json()["data"]
+        for k in range(0, 512, 64):
+            np.testing.assert_allclose(np.asarray(data[k]["embedding"]), engine.run([own[k]])[0], rtol=0, atol=1e-6)
+        assert {status for status, _ in small} == {200}
+        print(f"{len(response.content) >> 20} MiB answer; {len(small)} small requests meanwhile, the slowest "
+              f"{max(s for _, s in small):.2f} s")  # fmt: skip
+        assert max(s for _, s in small) < 5  # a hang detector: bench/hostile.py measures the latency

@@ -1,9 +1,11 @@
 """The Moses tokenizer for string requests, and the cheap lower bound that refuses oversized ones first."""
 
+import time
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.tokenize import min_tokens, tokenize
+from service.tokenize import max_tokens, min_tokens, tokenize
 
 # Words, punctuation Moses splits off, whitespace of every kind, and the control characters it deletes.
 WORDS = ["the", "U.S.", "don't", "bio-identical", "42,000", "(x)", '"q"', "...", "'", "Mr.", "é", "🙂", "a.b."]
@@ -27,3 +29,24 @@ def test_min_tokens_counts_words_without_the_junk_moses_deletes():
 def test_min_tokens_is_fast_on_what_moses_is_slow_on():
     text = " ".join(["U.S.", "don't", "(x)"] * 7000)  # Moses: about 3 s; 42 000 tokens
     assert min_tokens(text) == 21_000
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(PIECES | st.sampled_from([",", ".", "..", "'s", "n't", "DOTMULTI", "-", "`", "\u0301"]), max_size=40)
+       .map("".join) | st.text(max_size=60))  # fmt: skip
+def test_max_tokens_is_an_upper_bound(text):
+    assert min_tokens(text) <= len(tokenize(text)) <= max_tokens(text)
+
+
+def test_max_tokens_counts_punctuation_that_whitespace_does_not_split():
+    assert max_tokens("a," * 1000) == 2000 == len(tokenize("a," * 1000))
+    assert max_tokens("The U.S. economy") == 6 and len(tokenize("The U.S. economy")) == 3
+    assert max_tokens("") == max_tokens(" \t\n") == 0
+
+
+def test_max_tokens_stops_counting_at_the_limit_fast():
+    bomb = "a," * 4_000_000  # one word; Moses: 13 s and gigabytes
+    assert min_tokens(bomb) == 1
+    start = time.perf_counter()
+    assert max_tokens(bomb, stop=1001) == 1001
+    assert time.perf_counter() - start < 0.1  # a hang detector: it takes well under a millisecond

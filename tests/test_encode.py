@@ -1,0 +1,58 @@
+"""Answers encoded in pieces off the event loop are the very bytes of the one-call encoding, and the size
+estimated before the engine runs bounds what is written."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import orjson
+import pytest
+
+from service import encode
+from service.encode import BYTES_PER_NUMBER, Base64, answer_bytes, encode_in_parts, json_response
+
+RNG = np.random.default_rng(0)
+
+
+def arrays() -> list[np.ndarray]:
+    return [
+        RNG.standard_normal((3, 200, 32)).astype(np.float32),  # per-layer: each layer over a piece
+        RNG.standard_normal((5000, 32)).astype(np.float32),  # a mix: rows grouped into pieces
+        RNG.standard_normal(100_003).astype(np.float32),  # pooled, one long axis
+        RNG.standard_normal((2, 1, 0, 4)).astype(np.float32),  # empty
+        np.float32(1.5) * np.ones((1, 1), np.float32),
+    ]
+
+
+@pytest.mark.parametrize("piece_numbers", [1, 7, 1000, 1 << 16])
+def test_pieces_join_into_the_one_call_encoding(monkeypatch, piece_numbers):
+    monkeypatch.setattr(encode, "PIECE_NUMBERS", piece_numbers)
+    monkeypatch.setattr(encode, "SEND_BYTES", 4096)
+    data = [
+        {"index": i, "tokens": ["a", "é", '"q"'], "embedding": a if i % 2 else Base64(a), "shape": list(a.shape)}
+        for i, a in enumerate(arrays())
+    ]
+    payload = {"model": "m", "dim": 32, "data": data, "usage": {"sentences": 5, "tokens": 15}}
+    parts = encode_in_parts(payload)
+    assert b"".join(parts) == json_response(payload).body
+    assert len(parts) > 1 and all(len(p) < 4096 + 4 * 3 * max(piece_numbers, 32) * 17 for p in parts)
+
+
+def test_base64_in_pieces_is_the_array_bytes(monkeypatch):
+    monkeypatch.setattr(encode, "PIECE_NUMBERS", 10)  # 30 bytes a piece: a multiple of 3
+    a = RNG.standard_normal(1001).astype(np.float32)
+    text = orjson.loads(b"".join(encode_in_parts({"e": Base64(a)})))["e"]
+    assert np.array_equal(np.frombuffer(base64.b64decode(text), "<f4"), a)
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64"])
+def test_the_estimate_bounds_the_numbers_written(encoding):
+    # The longest float32 numbers orjson writes, and ordinary ones: the estimate is at least what is written.
+    longest = np.full((40, 32), -0.0000037214047, np.float32)
+    for a in [longest, RNG.standard_normal((40, 32)).astype(np.float32)]:
+        written = len(orjson.dumps(a if encoding == "float" else Base64(a), option=orjson.OPT_SERIALIZE_NUMPY,
+                                   default=lambda x: x.text()))  # fmt: skip
+        estimate = answer_bytes([40], 32, 1, False, encoding)
+        assert written <= estimate
+    assert answer_bytes([40, 2], 32, 3, True, encoding) == int(np.ceil(2 * 3 * (32 * BYTES_PER_NUMBER[encoding] + 3)))
