@@ -40,6 +40,7 @@ class RecordingStepper(Stepper):
         self.entered = threading.Event()
         self._gate = threading.Event()
         self._gate.set()
+        self.hold_at: int | None = None  # the window (counted from 1) that waits for `release()` again
         _HELD.append(self)
 
     def hold(self) -> None:
@@ -55,6 +56,8 @@ class RecordingStepper(Stepper):
 
     def step(self, window=None):
         sentences = [row.tag[0].sentences[row.tag[1]] for row in self.rows]
+        if len(self.windows) + 1 == self.hold_at:  # before it is recorded: a test that sees it may release it
+            self._gate.clear()
         self.windows.append(sentences)
         self.lengths.append(window)
         self.entered.set()
@@ -188,9 +191,12 @@ def test_a_newcomer_joins_sentences_in_flight_and_leaves_before_them(engine):
         await wait_until(stepper.entered.is_set)  # the long ones are in their first window
         second = asyncio.ensure_future(batcher.embed([short]))
         await wait_until(lambda: batcher.queued_tokens == 4)
+        stepper.hold_at = 3  # the long ones wait in their third window until the short one is answered
         stepper.release()
         got_short = await second
+        await wait_until(lambda: len(stepper.windows) == 3)
         assert not any(f.done() for f in first)  # answered while the long ones are still computing
+        stepper.release()
         got_long = await asyncio.gather(*first)
         await batcher.stop()
         return stepper, got_long, got_short
