@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 import sys
@@ -31,6 +32,7 @@ import onnxruntime as ort
 
 from service.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids
 
+log = logging.getLogger("elmo.engine")
 MANIFEST = "manifest.json"
 # The graph this engine feeds (model_export/onnx_graph.py writes it): bumped whenever the graph changes (inputs,
 # outputs or what it computes fast); an export of another version is refused.
@@ -180,20 +182,23 @@ def bucket(n: int, floor: int = 16, cap: int | None = None) -> int:
     return min(size, cap) if cap is not None else size
 
 
-PLACED = re.compile(r"(?:Node\(s\)|All nodes) placed on \[(\w+)\]")
+PLACED = re.compile(r"(Node\(s\)|All nodes) placed on \[(\w+)\]\. Number of nodes: (\d+)")
 NODE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s{3,}(\S+ \(.*\))\s*$")
 
 
-def nodes_off(log: str, provider: str) -> list[str]:
+def nodes_off(report: str, provider: str) -> list[str] | None:
     """The nodes (`OpType (name)`) that ONNX Runtime's verbose session log says it placed on a provider other
-    than `provider` (its "Node placements" report)."""
-    off, current = [], None
-    for line in log.splitlines():
+    than `provider` (its "Node placements" report); None when the log holds no such report."""
+    off, current, seen = [], None, False
+    for line in report.splitlines():
         if placed := PLACED.search(line):
-            current = placed.group(1)
+            kind, current, count = placed.groups()
+            seen = True
+            if kind == "All nodes" and current != provider:  # this form lists no nodes, only their number
+                off.append(f"all {count} nodes on {current}")
         elif (node := NODE.search(line)) and current != provider:
             off.append(f"{node.group(1)} on {current}")
-    return off
+    return off if seen else None
 
 
 @contextlib.contextmanager
@@ -212,15 +217,31 @@ def _stderr_to(path: Path):
 
 def placed_session(path: Path, options: ort.SessionOptions, providers: list) -> tuple[ort.InferenceSession, str]:
     """A session whose node placements were logged (ONNX Runtime reports them at its verbose level only), and
-    that log."""
-    options.log_severity_level = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "ort.log"
-        with _stderr_to(log):
-            session = ort.InferenceSession(str(path), options, providers=providers)
-        text = log.read_text(errors="replace")
-    options.log_severity_level = 2
-    return session, text
+    that log. File descriptor 2 is the process's: whatever else writes to it meanwhile goes to the log too."""
+    level, options.log_severity_level = options.log_severity_level, 0
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "ort.log"
+            with _stderr_to(report):
+                session = ort.InferenceSession(str(path), options, providers=providers)
+            return session, report.read_text(errors="replace")
+    finally:
+        options.log_severity_level = level
+
+
+def _open(info, cuda: bool, graph: str, precision: str, options, device_id: int, cuda_graphs: bool):
+    """The graph to serve and its session (with its placement report on CUDA, else ""). "auto" picks the Loop
+    graph on the CPU in fp32 (measured the faster one there: README, bench/engine.py), else the window graph."""
+    if graph == "auto":
+        graph = "window" if cuda or precision != "fp32" else "loop"
+    chosen = info.graph(graph, precision)
+    if not cuda:
+        return chosen, ort.InferenceSession(str(chosen.file), options, providers=["CPUExecutionProvider"]), ""
+    if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN installed as pip packages (nvidia-*) are found
+        ort.preload_dlls()
+    capture = cuda_graphs and chosen.kind == "window"  # a graph with a Loop cannot be captured
+    providers = [("CUDAExecutionProvider", cuda_options(device_id, precision, capture)), "CPUExecutionProvider"]
+    return chosen, *placed_session(chosen.file, options, providers)
 
 
 @dataclass(frozen=True)
@@ -293,7 +314,8 @@ class Engine:
 
     `step` runs a window of positions of each row from the state its slot holds (slots 1..max_rows; 0 is a
     scratch slot for the rows that pad a batch to its bucket) and leaves each slot holding the state after
-    its window; on CUDA the store never leaves the device. `run` embeds whole sentences with it. One thread
+    its window; on CUDA the store never leaves the device. `run` embeds whole sentences with it, in slots
+    1..n: never while a Stepper has rows in flight (the batcher's retries run after `Stepper.clear`). One thread
     at a time may call `step` or `run` (the batcher's engine thread, or elmo-embed)."""
 
     def __init__(
@@ -314,11 +336,6 @@ class Engine:
         self.token_cache = TokenCache(token_cache)
         self.precision, self.max_rows = precision, max_rows
         names = choose_providers(provider)
-        cuda = names[0] == "CUDAExecutionProvider"
-        if graph == "auto":  # measured: the Loop graph is the faster one on the CPU (README, bench/engine.py)
-            graph = "window" if cuda or precision != "fp32" else "loop"
-        self.graph = self.info.graph(graph, precision)
-        self.window = self.graph.window  # positions per call of the window graph; None: any
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads  # 0: one per core
         options.inter_op_num_threads = inter_op_threads
@@ -327,29 +344,32 @@ class Engine:
         # this graph's shapes (rows, length, distinct and cached tokens) that set keeps growing: an engine fed
         # 10 000 batches of varied shapes grew +13% and was still growing. Off, it levels off, at the same speed.
         options.enable_mem_pattern = False
-        if cuda:
-            if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN installed as pip packages (nvidia-*) are found
-                ort.preload_dlls()
-            capture = cuda_graphs and self.graph.kind == "window"  # a graph with a Loop cannot be captured
-            providers = [("CUDAExecutionProvider", cuda_options(device_id, precision, capture)), names[1]]
-            self.session, log = placed_session(self.graph.file, options, providers)
-        else:
-            self.session = ort.InferenceSession(str(self.graph.file), options, providers=names)
-        self.provider = self.session.get_providers()[0]
-        if provider == "cuda" and self.provider != names[0]:
+        cuda = names[0] == "CUDAExecutionProvider"
+        opened = _open(self.info, cuda, graph, precision, options, device_id, cuda_graphs)
+        if cuda and opened[1].get_providers()[0] != names[0]:
             # ONNX Runtime falls back to the CPU with a warning when CUDA cannot start (no GPU visible, a CUDA
             # or cuDNN library missing): a GPU deployment would look healthy at a fraction of its speed.
-            raise RuntimeError(
-                f"provider 'cuda' asked for, but ONNX Runtime could not start {names[0]} and fell back to "
-                f"{self.provider}: is a GPU visible, and are the CUDA and cuDNN libraries onnxruntime-gpu "
-                f"{ort.__version__} needs installed?"
-            )
-        if cuda and (off := nodes_off(log, names[0])):
-            # A node on the CPU means copies to and from the host at every call (and no CUDA graph).
-            raise RuntimeError(
-                f"provider 'cuda': ONNX Runtime placed {len(off)} node(s) of {self.graph.file.name} off the GPU: "
-                + ", ".join(off[:10])
-            )
+            if provider == "cuda":
+                raise RuntimeError(
+                    f"provider 'cuda' asked for, but ONNX Runtime could not start {names[0]} and fell back to "
+                    f"{opened[1].get_providers()[0]}: is a GPU visible, and are the CUDA and cuDNN libraries "
+                    f"onnxruntime-gpu {ort.__version__} needs installed?"
+                )
+            log.warning("no usable GPU (ONNX Runtime fell back to the CPU): serving the CPU's graph on the CPU")
+            cuda = False
+            opened = _open(self.info, cuda, graph, precision, options, device_id, cuda_graphs)
+        self.graph, self.session, placement = opened
+        self.provider = self.session.get_providers()[0]
+        self.window = self.graph.window  # positions per call of the window graph; None: any
+        if cuda:
+            off = nodes_off(placement, names[0])
+            if off is None:
+                log.warning("ONNX Runtime's placement report was not found in its log: node placement unchecked")
+            elif off:  # a node on the CPU means copies to and from the host at every call (and no CUDA graph)
+                raise RuntimeError(
+                    f"provider 'cuda': ONNX Runtime placed {len(off)} node(s) of {self.graph.file.name} off the "
+                    "GPU: " + ", ".join(off[:10])
+                )
         # The state each window continues from, h and c per layer and direction: name -> width.
         self.state_sizes = {i.name: i.shape[1] for i in self.session.get_inputs() if i.name[:2] in ("h_", "c_")}
         self._outputs = [output.name for output in self.session.get_outputs()]

@@ -154,3 +154,13 @@ def test_a_broken_manifest_says_what_is_wrong(tmp_path, manifest, message):
     (tmp_path / "manifest.json").write_text(manifest)
     with pytest.raises(ValueError, match=re.escape(message)):
         read_manifest(tmp_path)
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider")
+def test_auto_without_a_usable_gpu_serves_the_cpus_graph(tiny_model_dir, engine, monkeypatch):
+    # onnxruntime-gpu on a host whose GPU cannot start: "auto" falls back to the CPU, and to the CPU's graph there
+    # (the window graph's state store would be asked for on a device that is not there).
+    monkeypatch.setattr("service.engine.choose_providers", lambda _: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    fallen = Engine(tiny_model_dir, provider="auto")
+    assert (fallen.provider, fallen.device, fallen.graph.kind) == ("CPUExecutionProvider", "cpu", "loop")
+    np.testing.assert_array_equal(fallen.run([["still", "exact"]])[0], engine.run([["still", "exact"]])[0])

@@ -159,3 +159,9 @@ def test_nodes_placed_off_the_gpu_are_named():
     )
     assert nodes_off(log, "CUDAExecutionProvider") == ["Less (less_7) on CPUExecutionProvider"]
     assert nodes_off(log.replace("CPUExecutionProvider", "CUDAExecutionProvider"), "CUDAExecutionProvider") == []
+    everything_on_the_cpu = (
+        "[V:onnxruntime:, session_state.cc:1601 VerifyEachNodeIsAssignedToAnEp]  All nodes placed on "
+        "[CPUExecutionProvider]. Number of nodes: 812"
+    )
+    assert nodes_off(everything_on_the_cpu, "CUDAExecutionProvider") == ["all 812 nodes on CPUExecutionProvider"]
+    assert nodes_off("no placement report in this log", "CUDAExecutionProvider") is None  # unchecked, not "fine"
