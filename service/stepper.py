@@ -73,7 +73,7 @@ class Stepper:
     def step(self, window: int | None = None) -> list[Row]:
         """Run the next window (`window` positions, default `self.window`; always the window graph's own) of
         every row; returns the rows that finished (and are no longer in flight)."""
-        rows, window = self.rows, self.engine.window or window or self.window
+        rows, window = self.rows, self.window if self.engine.window else window or self.window
         windows = [(row.keys, row.position, min(window, row.length - row.position)) for row in rows]
         start = np.array([row.position == 0 for row in rows])
         fwd, bwd = self.engine.step(windows, start, np.array([row.slot for row in rows], np.int64))

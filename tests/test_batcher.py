@@ -222,6 +222,26 @@ def test_a_lone_sentence_with_no_one_waiting_runs_to_its_end_in_one_call(engine)
     assert_own_rows(engine, [long], got)
 
 
+def test_on_the_window_graph_every_call_is_its_window_and_the_stats_count_what_ran(tiny_model_dir, engine):
+    from service.engine import Engine
+
+    window_engine = Engine(tiny_model_dir, provider="cpu", graph="window")
+    long, short = ["long"] * 70, ["short"] * 3  # 72 positions: 3 windows of 32; 5 positions
+    stats: list[BatchStats] = []
+
+    async def main():
+        batcher, stepper, _ = make(window_engine, window=4, stats=stats)
+        got = await asyncio.gather(batcher.embed([long]), batcher.embed([short]))
+        await batcher.stop()
+        return stepper, got
+
+    stepper, (got_long, got_short) = run(main)
+    assert stepper.lengths == [32, 32, 32]  # not the lone sentence's 72, nor an early end at the short one's 5
+    assert [(s.sentences, s.real_tokens, s.padded_tokens) for s in stats] == [(2, 37, 64), (1, 32, 32), (1, 8, 32)]
+    assert_own_rows(engine, [long], got_long)  # the Loop graph's numbers, within 1e-6
+    assert_own_rows(engine, [short], got_short)
+
+
 def test_a_window_ends_early_where_a_sentence_ends_so_its_slot_refills(engine):
     five, long = ["five", "tokens", "in", "this", "one"], ["long"] * 20  # 7 and 22 positions
 
