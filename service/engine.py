@@ -380,6 +380,7 @@ class Engine:
         self._store = self._new_store(max_rows + 1)
         self._spare = self._new_store(max_rows + 1) if self.window else None  # the window graph writes here
         self._bound: dict[tuple, tuple] = {}  # CUDA graphs: a bucket's fixed buffers and binding
+        self._options: dict[int | None, ort.RunOptions] = {}  # by graph id (`_run_options`)
 
     @property
     def num_layers(self) -> int:
@@ -432,7 +433,7 @@ class Engine:
         feeds["start"] = start
         for name, rows in self._store.items():
             feeds[name] = rows[slots]
-        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds, _run_options()), strict=True))
+        out = dict(zip(self._outputs, self.session.run(self._outputs, feeds, self._run_options(None)), strict=True))
         for name, rows in self._store.items():
             rows[slots] = out[f"{name}_next"]
         lengths = [n for _, _, n in windows]
@@ -456,10 +457,7 @@ class Engine:
         positions[:n] = (np.arange(rows)[:, None] * window + np.arange(window))[np.arange(window) < steps[:, None]]
         feeds["positions"] = positions
         binding, graph_id, outputs = self._binding(feeds)
-        run_options = _run_options()
-        if self._fixed_buffers and self.device == "cuda":  # -1: run this bucket uncaptured
-            run_options.add_run_config_entry("gpu_graph_id", str(graph_id if graph_id is not None else -1))
-        self.session.run_with_iobinding(binding, run_options)
+        self.session.run_with_iobinding(binding, self._run_options(graph_id))
         self._store, self._spare = self._spare, self._store
         fwd, bwd, token_vectors = (value.numpy() for value in outputs or binding.get_outputs()[-3:])
         return fwd[:, :n], bwd[:, :n], token_vectors, encoded
@@ -500,6 +498,17 @@ class Engine:
             inputs[name].update_inplace(array)
         return binding, graph_id, outputs
 
+    def _run_options(self, graph_id: int | None) -> ort.RunOptions:
+        """Run options, made once per graph id: at the warning log level (the session was made at the verbose
+        level to read its placement report), and with CUDA graphs the bucket's graph id (-1: run uncaptured)."""
+        if graph_id not in self._options:
+            options = ort.RunOptions()
+            options.log_severity_level = 2
+            if self._fixed_buffers and self.device == "cuda":
+                options.add_run_config_entry("gpu_graph_id", str(-1 if graph_id is None else graph_id))
+            self._options[graph_id] = options
+        return self._options[graph_id]
+
     def _device_value(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, self._device_id)
 
@@ -514,14 +523,6 @@ LAYER_OUTPUTS = ("layers_fwd", "layers_bwd", "token_vectors")
 # of 1024 rows are 200 MB on the full-size model), so only buckets of up to CAPTURED_ROWS rows are captured, and at
 # most CAPTURED_BUCKETS of them (the first ones seen); the rest run uncaptured.
 CAPTURED_ROWS, CAPTURED_BUCKETS = 64, 32
-
-
-def _run_options() -> ort.RunOptions:
-    # The session was made at the verbose level to read its placement report (`placed_session`): runs log at the
-    # warning level.
-    options = ort.RunOptions()
-    options.log_severity_level = 2
-    return options
 
 
 def place(layers: list[np.ndarray], windows: Sequence[Window], fwd: np.ndarray, bwd: np.ndarray, half: int) -> None:

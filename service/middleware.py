@@ -45,6 +45,9 @@ class ApiKeys:
         await send_json(send, 401, detail, [(b"www-authenticate", challenge)])
 
 
+NEXT_PART_S = 0.05  # the least a body behind the minimum rate still gets for its next part
+
+
 class BodyLimit:
     """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed), and bound
     what the bodies of all requests in flight hold together: over `inflight` bytes, 503 with Retry-After.
@@ -109,7 +112,8 @@ class BodyLimit:
         if not self.min_rate:
             return self.timeout_s
         behind_rate = start + self.timeout_s + size / self.min_rate - perf_counter()
-        return max(0.0, min(self.timeout_s, behind_rate))
+        # Never 0: wait_for(receive(), 0) times out without letting receive() hand over a part already waiting.
+        return max(NEXT_PART_S, min(self.timeout_s, behind_rate))
 
     async def _too_slow(self, send, size: int, seconds: float):
         rate = f", at least {self.min_rate} bytes/s on average" if self.min_rate else ""
