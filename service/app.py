@@ -183,11 +183,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.exception("engine batch failed")
             raise ApiError(503, f"inference failed ({type(err).__name__}); retry", headers=_retry(settings)) from None
 
-    async def tokenized(items: list, field: str, truncate: bool = False) -> list[list[str]]:
-        """The request's sentences as tokens, within the limits. Refused (413) on cheap counts first, so an
-        oversized request costs no tokenization; strings are tokenized off the event loop (Moses takes
-        seconds on a long text, and the loop must keep answering everyone else). With `truncate`, a sentence
-        over the tokens-per-sentence limit is not refused but comes back whole, for `_truncate` to cut."""
+    async def tokenized(items: list, field: str, truncate: bool = False) -> tuple[list[list[str]], list[dict]]:
+        """The request's sentences as tokens, within the limits, and what each item reports of its cut
+        (`_truncate`). Refused (413) on cheap counts first, so an oversized request costs no tokenization;
+        strings are tokenized off the event loop (Moses takes seconds on a long text, and the loop must keep
+        answering everyone else). With `truncate`, a sentence over the tokens-per-sentence limit is not refused
+        but cut to it."""
         if len(items) > settings.max_sentences:
             raise ApiError(413, f"{len(items)} sentences; the limit is {settings.max_sentences} per request", field)
         for i, x in enumerate(items):
@@ -215,7 +216,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 raise ApiError(
                     413, f"{len(tokens)} tokens; the limit is {settings.max_tokens_per_sentence}", f"{field}[{i}]"
                 )
-        return sentences
+        return _truncate(sentences, settings.max_tokens_per_sentence, truncate)
 
     def answer_size(sentences: list[list[str]], outputs: int, pooled: bool, encoding: str, field: str, ways_out: str):
         """The answer's size, estimated before the engine runs: 413 over the limit, naming the ways out."""
@@ -236,8 +237,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def embed(body: EmbedRequest, request: Request):
         num_layers = app.state.engine.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
-        sentences = await tokenized(body.sentences, "sentences", body.truncate)
-        sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, body.truncate)
+        sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate)
         outputs = len(mixes) or (num_layers if layer_ids is None else len(layer_ids))
         ways_out = '"pooling": "mean", "encoding": "base64", fewer layers or mixes, or fewer sentences per request'
         size = answer_size(sentences, outputs, body.pooling == "mean", body.encoding, "sentences", ways_out)
@@ -273,8 +273,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dim = app.state.engine.dim
         if body.dimensions is not None and body.dimensions != dim:  # ignoring it would hand back the wrong size
             raise ApiError(422, f"{body.dimensions} asked for; this model's vectors have {dim}", "dimensions")
-        sentences = await tokenized(texts, "input", body.truncate)
-        sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, body.truncate)
+        sentences, cuts = await tokenized(texts, "input", body.truncate)
         ways_out = '"encoding_format": "base64", or fewer inputs per request'
         size = answer_size(sentences, 1, True, body.encoding_format, "input", ways_out)
         results = await embed_tokens(request, sentences, "input")
@@ -303,13 +302,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="the tokens /embed reads from the same sentences, and the bytes of each that the model reads",
     )
     async def tokenize_sentences(body: TokenizeRequest):
-        sentences = await tokenized(body.sentences, "sentences", body.truncate)
-        sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, True)
+        sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate)
         max_chars = app.state.engine.info.max_chars
         data = []
         for i, (tokens, cut) in enumerate(zip(sentences, cuts, strict=True)):
             utf8, kept = zip(*(token_bytes(t, max_chars) for t in tokens), strict=True)
-            data.append({"index": i, "tokens": tokens, "utf8_bytes": utf8, "kept_bytes": kept, **cut})
+            uncut = {"truncated": False, "original_tokens": len(tokens)}  # reported with or without truncate
+            data.append({"index": i, "tokens": tokens, "utf8_bytes": utf8, "kept_bytes": kept, **uncut, **cut})
         return _json(
             {
                 "model": app.state.model_name,
