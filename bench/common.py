@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,3 +103,33 @@ def gemm_rate(threads: int, n: int = 2048, k: int = 2048, m: int = 4096, repeats
 
 def percentiles(values: list[float], qs=(50, 95, 99)) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(values, q)) for q in qs}
+
+
+def start_server(model: Path, threads: int = 1) -> tuple[subprocess.Popen, str, int]:
+    """A real elmo-serve on 127.0.0.1 with the default limits (no ELMO_* setting of this shell), on the CPU with
+    `threads` ONNX Runtime threads; returns the process, its URL and port once it is ready."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
+    env |= {"ELMO_PROVIDER": "cpu", "ELMO_INTRA_OP_THREADS": str(threads), "ELMO_INTER_OP_THREADS": "1"}
+    env |= {"ELMO_LOG_LEVEL": "warning"}
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
+         "--model", str(model), "--port", str(port)],
+        cwd=ROOT, env=env,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health/ready").status_code == 200:
+                return server, url, port
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            raise SystemExit("elmo-serve did not become ready")
+        time.sleep(0.2)

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -34,38 +32,12 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.common import ROOT, percentiles
+from bench.common import ROOT, percentiles, start_server
 
 DEFAULT_MODEL = ROOT / "build" / "models" / "default"
 SMALL = orjson.dumps({"sentences": [["The", "bank", "of", "the", "river", "."]], "pooling": "mean"})
 BOMB = orjson.dumps({"sentences": ["a," * 4_000_000]})
 JSON = {"content-type": "application/json"}
-
-
-def start_server(model: Path) -> tuple[subprocess.Popen, str, int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}  # the default limits
-    env |= {"ELMO_PROVIDER": "cpu", "ELMO_INTRA_OP_THREADS": "1", "ELMO_INTER_OP_THREADS": "1"}
-    env |= {"ELMO_LOG_LEVEL": "warning"}
-    server = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
-         "--model", str(model), "--port", str(port)],
-        cwd=ROOT, env=env,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health/ready").status_code == 200:
-                return server, url, port
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline or server.poll() is not None:
-            server.kill()
-            raise SystemExit("elmo-serve did not become ready")
-        time.sleep(0.2)
 
 
 def memory(pid: int, field: str) -> int:

@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -36,7 +33,7 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import ROOT, fixture_sentences, tiny_model
+from bench.common import fixture_sentences, start_server, tiny_model
 
 GROWTH_BAR = 0.10
 LEAVE_AFTER_S = 0.01  # a leaving client gives up this soon after sending (its request takes longer)
@@ -166,32 +163,6 @@ class Soak:
             return time.perf_counter() - start
 
 
-def start_server(model: Path, threads: int) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
-    env |= {"ELMO_PROVIDER": "cpu", "ELMO_INTRA_OP_THREADS": str(threads), "ELMO_INTER_OP_THREADS": "1"}
-    env |= {"ELMO_LOG_LEVEL": "warning"}
-    server = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
-         "--model", str(model), "--port", str(port)],
-        cwd=ROOT, env=env,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health/ready").status_code == 200:
-                return server, url
-        except httpx.TransportError:
-            pass
-        if time.time() > deadline or server.poll() is not None:
-            server.kill()
-            raise SystemExit("elmo-serve did not become ready")
-        time.sleep(0.2)
-
-
 def server_counts(url: str) -> Counter[str]:
     """Requests by status, as the server's /metrics counts them (all routes but /metrics itself)."""
     counts: Counter[str] = Counter()
@@ -230,7 +201,7 @@ def main() -> int:
         url, pid, model = args.url.rstrip("/"), args.pid, "(running server)"
     else:
         model = args.model or tiny_model()
-        server, url = start_server(model, args.threads)
+        server, url, _ = start_server(model, args.threads)
         pid = server.pid
     try:
         warmup = [make_request(i, args.seed + 1, words, sentences) for i in range(args.warmup)]
