@@ -166,7 +166,7 @@ def cuda_options(device_id: int, precision: str, cuda_graphs: bool) -> dict[str,
     return {
         "device_id": str(device_id),
         # The provider's default computes fp32 MatMul and Conv in TF32 (10-bit mantissa): 1.8e-3 off the CPU and
-        # batch-dependent on an H100 (../shared/GPU.md). fp32 means fp32; the fp16 graph has no fp32 products.
+        # batch-dependent on an H100 (README, GPU). fp32 means fp32; the fp16 graph has no fp32 products.
         "use_tf32": "0",
         # EXHAUSTIVE (the default) times every algorithm at each new input shape; HEURISTIC asks cuDNN once.
         # The char-CNN's shapes come in buckets (`bucket`), so either way the search is bounded.
