@@ -156,6 +156,18 @@ def test_an_input_many_times_the_limits_comes_back_in_order(server, client, sent
     assert counter(client, "elmo_requests_total", route="/embed", status="413") == refused  # planned, not refused
 
 
+def test_requests_are_planned_under_the_answer_size_limit(tiny_model_dir, tmp_path, sentences, expected):
+    # 30 000 bytes an answer: about 57 tokens of the tiny model's 3 layers of 32 in base64, so the 30 fixture
+    # sentences (744 tokens) go in many requests, none of them refused.
+    limit = {"ELMO_MAX_ANSWER_BYTES": "30000"}
+    with running_server(tiny_model_dir, tmp_path, limit) as small, Client(small.url, max_concurrency=2) as elmo:
+        assert max_error(elmo.embed(sentences, output="layers"), expected) <= 1e-5
+        assert max_error(elmo.embed(sentences, output="layers", pooling="mean"), [e.mean(1) for e in expected]) <= 1e-5
+        with httpx.Client(base_url=small.url) as http:
+            assert counter(http, "elmo_requests_total", route="/embed", status="413") == 0
+            assert counter(http, "elmo_requests_total", route="/embed", status="200") >= 744 * 521 // 30000 + 1
+
+
 def test_a_request_answered_413_is_split_until_it_fits(server, client):
     # Each text is one word to the plan but 95 tokens to Moses: four of them (388 queued tokens) are over the
     # queue's 300, so the first request is refused with 413, and its halves are served.

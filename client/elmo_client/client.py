@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 
 from elmo_client import wire
-from elmo_client.chunks import Limits, plan
+from elmo_client.chunks import Limits, plan, vector_bytes
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRIED = (429, 503)  # too many requests, overloaded (or starting, or draining): both say when to come back
@@ -159,7 +159,11 @@ class _Base:
         body = wire.embed_body if path == "/embed" else wire.tokenize_body
         # Each of the requests in flight together must fit in the server's queue at once.
         tokens_per_request = max(1, limits.queue_tokens // self.max_concurrency)
-        return plan(sentences, limits, len(body([], options)), tokens_per_request, bool(options.get("truncate")))
+        # The answer too must fit the server's limit (texts are counted by their words: Moses may make more,
+        # and a request whose answer turns out too large is answered 413 and split).
+        vector = vector_bytes(self._info or {}, options, wire.ENCODING) if path == "/embed" else 0.0
+        truncate, pooled = bool(options.get("truncate")), options.get("pooling") == "mean"
+        return plan(sentences, limits, len(body([], options)), tokens_per_request, truncate, vector, pooled)
 
     @staticmethod
     def _sentences(sentences) -> list:
