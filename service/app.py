@@ -33,7 +33,7 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from service.settings import Settings
+from service.settings import Settings, default_batch_tokens
 from service.stepper import Stepper
 from service.tokenize import max_tokens, min_tokens, tokenize
 
@@ -78,10 +78,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             message = f"cannot load the model from {settings.model_dir}: {type(err).__name__}: {err}"
             log.error(message)
             raise RuntimeError(message) from None
+        # unset: the provider's default (a GPU wants far more tokens in flight than 2 CPU cores)
+        app.state.batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
         batcher = Batcher(
             engine.run,
             Stepper(engine, settings.window),
-            settings.batch_tokens,
+            app.state.batch_tokens,
             settings.max_wait_ms / 1000,
             settings.queue_tokens,
             on_batch=metrics.observe_batch,
@@ -350,7 +352,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "precision": engine.graph.precision,
                 "graph": engine.graph.entry,
                 "manifest": engine.info.manifest,
-                "settings": settings.public(),
+                "settings": settings.public(batch_tokens=app.state.batch_tokens),
                 "limits": {
                     "max_sentences": settings.max_sentences,
                     "max_tokens_per_sentence": settings.max_tokens_per_sentence,
@@ -366,7 +368,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "body_timeout_s": settings.body_timeout_s,
                     "body_min_rate": settings.body_min_rate,
                     "queue_tokens": settings.queue_tokens,
-                    "batch_tokens": settings.batch_tokens,
+                    "batch_tokens": app.state.batch_tokens,
                 },
             }
         )

@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.batcher import BatchStats
 
+# up to a GPU's windows: 1024 rows of 32 positions, and more
+BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -26,7 +28,7 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self.batch_tokens = Histogram(
-            "elmo_batch_tokens", "padded positions per call", buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384),
+            "elmo_batch_tokens", "padded positions per call", buckets=BATCH_TOKEN_BUCKETS,
             registry=r,
         )  # fmt: skip
         self.inference_seconds = Histogram(

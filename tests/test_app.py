@@ -548,6 +548,17 @@ def test_info(client, server, tiny_model_dir):
     settings = info["settings"]
     assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"
+    assert settings["batch_tokens"] == 4096  # unset: the CPU provider's default, shown as in force
+
+
+def test_batch_tokens_default_to_the_providers():
+    from service.settings import Settings, default_batch_tokens
+
+    assert Settings().batch_tokens is None  # unset: decided once the engine's provider is known
+    assert default_batch_tokens("CPUExecutionProvider") == 4096
+    assert default_batch_tokens("CUDAExecutionProvider") == 65536
+    assert Settings().public(batch_tokens=65536)["batch_tokens"] == 65536
+    assert Settings(batch_tokens=512).public(batch_tokens=65536)["batch_tokens"] == 512  # set: kept
 
 
 def test_metrics(client):
