@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import Batcher, QueueFull, TooLarge
 from service.chars import token_bytes
-from service.encode import BYTES_PER_NUMBER, Base64, answer_bytes, json_response, respond
+from service.encode import BYTES_PER_NUMBER, JSON, NPZ, Base64, answer_bytes, json_response, respond, wants_npz
 from service.engine import Engine
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
@@ -234,15 +234,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         return size
 
-    @app.post("/embed", response_model=EmbedResponse, responses=ERRORS, summary="ELMo vectors of sentences")
+    npz_answer = {
+        200: {
+            "content": {NPZ: {}},
+            "description": "with `Accept: application/x-npz`: the answer as an .npz (README, POST /embed)",
+        }
+    }
+
+    @app.post(
+        "/embed",
+        response_model=EmbedResponse,
+        responses={**ERRORS, **npz_answer},
+        summary="ELMo vectors of sentences",
+    )
     async def embed(body: EmbedRequest, request: Request):
+        npz = wants_npz(request.headers.get("accept", ""))
+        encoding = "npz" if npz else body.encoding
         num_layers = app.state.engine.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
         sentences = await tokenized(body.sentences, "sentences", body.truncate)
         sentences, cuts = _truncate(sentences, settings.max_tokens_per_sentence, body.truncate)
         outputs = len(mixes) or (num_layers if layer_ids is None else len(layer_ids))
         ways_out = '"pooling": "mean", "encoding": "base64", fewer layers or mixes, or fewer sentences per request'
-        size = answer_size(sentences, outputs, body.pooling == "mean", body.encoding, "sentences", ways_out)
+        size = answer_size(sentences, outputs, body.pooling == "mean", encoding, "sentences", ways_out)
         results = await embed_tokens(request, sentences, "sentences")
 
         def answer() -> dict:
@@ -250,7 +264,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for i, (tokens, layers, cut) in enumerate(zip(sentences, results, cuts, strict=True)):
                 single_mix = body.mixes is None
                 out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix, body.unit_length)
-                embedding = Base64(out) if body.encoding == "base64" else out
+                embedding = Base64(out) if encoding == "base64" else out
                 data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
             return {
                 "model": app.state.model_name,
@@ -260,7 +274,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
             }
 
-        return await respond(answer, size)
+        return await respond(answer, size, npz)
 
     @app.post(
         "/v1/embeddings",
@@ -353,6 +367,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "graph": engine.graph.entry,
                 "manifest": engine.info.manifest,
                 "settings": settings.public(batch_tokens=app.state.batch_tokens),
+                "answer_media_types": {"/embed": [JSON, NPZ]},  # by Accept; the other routes answer JSON
                 "limits": {
                     "max_sentences": settings.max_sentences,
                     "max_tokens_per_sentence": settings.max_tokens_per_sentence,
