@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import asynccontextmanager
 
 import numpy as np
@@ -166,6 +167,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
         if settings.log_request_text:  # off by default: request text never reaches the logs
             log.info("%s %s", request.url.path, sentences)
+        started = time.perf_counter()
         task = asyncio.ensure_future(app.state.batcher.embed(sentences))
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
@@ -175,7 +177,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 task.cancel()
                 raise ApiError(499, "client closed the request")
         try:
-            return task.result()
+            results = task.result()
+            observe("engine", time.perf_counter() - started)
+            return results
         except TooLarge as err:
             raise ApiError(413, str(err), field) from None
         except QueueFull as err:
@@ -184,6 +188,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as err:
             log.exception("engine batch failed")
             raise ApiError(503, f"inference failed ({type(err).__name__}); retry", headers=_retry(settings)) from None
+
+    observe = metrics.observe_stage
+
+    def _tokenize_timed(items: list) -> list[list[str]]:
+        start = time.thread_time()
+        sentences = [tokenize(x) if isinstance(x, str) else x for x in items]
+        observe("tokenize", time.thread_time() - start)
+        return sentences
+
+    def observe_parse(request: Request) -> None:
+        read = request.scope.get("state", {}).get("body_read_cpu")
+        if read is not None:
+            observe("parse", time.thread_time() - read)
 
     async def tokenized(items: list, field: str, truncate: bool = False) -> list[list[str]]:
         """The request's sentences as tokens, within the limits. Refused (413) on cheap counts first, so an
@@ -207,7 +224,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
         sentences = items
         if any(isinstance(x, str) for x in items):
-            sentences = await asyncio.to_thread(lambda: [tokenize(x) if isinstance(x, str) else x for x in items])
+            sentences = await asyncio.to_thread(_tokenize_timed, items)
         for i, tokens in enumerate(sentences):
             if not tokens:
                 raise ApiError(422, "empty sentence", f"{field}[{i}]")
@@ -248,6 +265,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="ELMo vectors of sentences",
     )
     async def embed(body: EmbedRequest, request: Request):
+        observe_parse(request)
         npz = wants_npz(request.headers.get("accept", ""))
         encoding = "npz" if npz else body.encoding
         num_layers = app.state.engine.num_layers
@@ -274,7 +292,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
             }
 
-        return await respond(answer, size, npz)
+        return await respond(answer, size, npz, observe)
 
     @app.post(
         "/v1/embeddings",
@@ -283,6 +301,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="OpenAI-style: one vector per input (mean-pooled average of the layers)",
     )
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
+        observe_parse(request)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "empty list", "input")
@@ -310,7 +329,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
 
-        return await respond(answer, size)
+        return await respond(answer, size, observe=observe)
 
     @app.post(
         "/tokenize",

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import io
 import math
+import time
 import zipfile
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -94,20 +95,38 @@ def json_response(payload, status: int = 200, headers: dict | None = None) -> Re
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-async def respond(build: Callable[[], dict], estimated_bytes: int, npz: bool = False) -> Response:
+Observe = Callable[[str, float], None]  # a stage's name and its CPU seconds
+
+
+def _timed(build: Callable[[], dict], encode: Callable, observe: Observe | None):
+    """`encode(build())`, with the CPU time of each (of the thread running them) told to `observe`."""
+    if observe is None:
+        return encode(build())
+    start = time.thread_time()
+    payload = build()
+    built = time.thread_time()
+    encoded = encode(payload)
+    observe("compose", built - start)
+    observe("encode", time.thread_time() - built)
+    return encoded
+
+
+async def respond(
+    build: Callable[[], dict], estimated_bytes: int, npz: bool = False, observe: Observe | None = None
+) -> Response:
     """The JSON (with `npz`, the .npz) of `build()`: built and encoded here when its answer is estimated small;
     otherwise built (the mixes are numpy work too) and encoded in a worker thread (JSON in pieces between which
     the event loop runs), then sent in parts with its length."""
     if npz:
         if estimated_bytes <= OFF_LOOP_BYTES:
-            return Response(bytes(npz_body(build())), media_type=NPZ)
-        whole = await asyncio.to_thread(lambda: npz_body(build()))
+            return Response(bytes(_timed(build, npz_body, observe)), media_type=NPZ)
+        whole = await asyncio.to_thread(_timed, build, npz_body, observe)
         parts = deque(bytes(whole[k : k + SEND_BYTES]) for k in range(0, len(whole), SEND_BYTES))
         media = NPZ
     elif estimated_bytes <= OFF_LOOP_BYTES:
-        return json_response(build())
+        return _timed(build, json_response, observe)
     else:
-        parts = await asyncio.to_thread(lambda: encode_in_parts(build()))
+        parts = await asyncio.to_thread(_timed, build, encode_in_parts, observe)
         media = JSON
     length = sum(map(len, parts))
 

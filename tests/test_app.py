@@ -596,6 +596,20 @@ def test_info(client, server, tiny_model_dir):
     assert settings["batch_tokens"] == 4096  # unset: the CPU provider's default, shown as in force
 
 
+@pytest.mark.parametrize("accept", ["application/json", "application/x-npz"])
+def test_stage_metrics_time_each_stage_of_a_request(client, accept):
+    stages = ("parse", "tokenize", "engine", "compose", "encode")
+    before = {s: counter(client, "elmo_stage_seconds_count", stage=s) for s in stages}
+    sums = {s: counter(client, "elmo_stage_seconds_sum", stage=s) for s in stages}
+    response = client.post("/embed", json={"sentences": ["A text to tokenize.", HELLO]}, headers={"accept": accept})
+    assert response.status_code == 200
+    for s in stages:
+        assert counter(client, "elmo_stage_seconds_count", stage=s) == before[s] + 1, s
+        assert counter(client, "elmo_stage_seconds_sum", stage=s) >= sums[s], s
+    embed(client, [HELLO])  # tokens: no tokenize stage
+    assert counter(client, "elmo_stage_seconds_count", stage="tokenize") == before["tokenize"] + 1
+
+
 def test_batch_tokens_default_to_the_providers():
     from service.settings import Settings, default_batch_tokens
 
