@@ -30,6 +30,7 @@ import orjson
 
 from bench.common import BUILD, ROOT, fixture_sentences, full_size_model, percentiles
 from service.engine import Engine
+from service.metrics import STAGES
 
 
 def free_port() -> int:
@@ -54,6 +55,23 @@ def engine_metrics(base: str) -> tuple[float, float]:
     text = httpx.get(f"{base}/metrics").text
     value = lambda name: float(re.search(rf"^{name} (\S+)", text, re.M).group(1))  # noqa: E731
     return value("elmo_inference_seconds_count"), value("elmo_inference_seconds_sum")
+
+
+def stage_metrics(base: str) -> dict[str, float]:
+    """Seconds so far per stage of the server's embedding requests (elmo_stage_seconds), and `requests`: the
+    /embed requests answered."""
+    text = httpx.get(f"{base}/metrics").text
+    stage = re.compile(r'^elmo_stage_seconds_sum\{stage="(\w+)"\} (\S+)', re.M)
+    sums = {m.group(1): float(m.group(2)) for m in stage.finditer(text)}
+    count = re.search(r'^elmo_request_seconds_count\{route="/embed"\} (\S+)', text, re.M)
+    return {**sums, "requests": float(count.group(1)) if count else 0.0}
+
+
+def stage_line(before: dict[str, float], after: dict[str, float]) -> str:
+    """The server's time per request by stage between two readings: CPU ms, and the engine's wall ms."""
+    requests = max(1.0, after["requests"] - before["requests"])
+    parts = [f"{stage} {(after.get(stage, 0.0) - before.get(stage, 0.0)) / requests * 1e3:.3f}" for stage in STAGES]
+    return "server ms per request (CPU; engine: wall): " + ", ".join(parts)
 
 
 def engine_seconds(model: Path, sentences: list[list[str]], threads: int, repeats: int = 5) -> dict[int, float]:
@@ -95,10 +113,10 @@ class Connection:
             self.writer.close()
 
 
-async def client_loop(url: str, sentences, start_index: int, stop_at: float, log, encoding: str):
+async def client_loop(url: str, sentences, start_index: int, stop_at: float, log, encoding: str, pooling: str):
     host, port, path = re.match(r"http://([^:/]+):(\d+)(/.*)", url).groups()
     connection = Connection(host, int(port))
-    bodies = [orjson.dumps({"sentences": [s], "encoding": encoding}) for s in sentences]
+    bodies = [orjson.dumps({"sentences": [s], "encoding": encoding, "pooling": pooling}) for s in sentences]
     i = start_index
     try:
         while time.perf_counter() < stop_at:
@@ -113,11 +131,11 @@ async def client_loop(url: str, sentences, start_index: int, stop_at: float, log
         connection.close()
 
 
-async def load(url: str, sentences, clients: int, seconds: float, encoding: str) -> dict:
+async def load(url: str, sentences, clients: int, seconds: float, encoding: str, pooling: str = "none") -> dict:
     log: list[tuple[int, int, float]] = []
     start = time.perf_counter()
     stop_at = start + seconds
-    await asyncio.gather(*(client_loop(url, sentences, c * 7, stop_at, log, encoding) for c in range(clients)))
+    await asyncio.gather(*(client_loop(url, sentences, c * 7, stop_at, log, encoding, pooling) for c in range(clients)))
     wall = time.perf_counter() - start
     ok = [(k, t) for k, status, t in log if status == 200]
     errors = len(log) - len(ok)
@@ -141,6 +159,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--encoding", default="float", choices=["float", "base64"])
+    parser.add_argument("--pooling", default="none", choices=["none", "mean"], help="the requests' pooling")
     args = parser.parse_args()
 
     model = args.model or full_size_model() / "onnx"
@@ -174,14 +193,15 @@ def main() -> None:
         header = ["tokens/s", "% bulk", "req/s", "p50 ms", "p95 ms", "p99 ms", "errors"]
         print(f"{'clients':>8}" + "".join(f"{h:>10}" for h in header))
         for clients in map(int, args.clients.split(",")):
-            before = engine_metrics(base)
-            r = asyncio.run(load(f"{base}/embed", sentences, clients, args.seconds, args.encoding))
-            after = engine_metrics(base)
+            before, stages_before = engine_metrics(base), stage_metrics(base)
+            r = asyncio.run(load(f"{base}/embed", sentences, clients, args.seconds, args.encoding, args.pooling))
+            after, stages_after = engine_metrics(base), stage_metrics(base)
             lat = {k: v * 1e3 for k, v in r["latency"].items()}
             print(
                 f"{clients:>8}{r['tokens_per_s']:>10.0f}{r['tokens_per_s'] / bulk:>10.0%}{r['requests_per_s']:>10.1f}"
                 f"{lat.get('p50', 0):>10.0f}{lat.get('p95', 0):>10.0f}{lat.get('p99', 0):>10.0f}{r['errors']:>10}"
             )
+            print(f"{'':>8}{stage_line(stages_before, stages_after)}")
             if clients == 1 and r["samples"]:
                 # The engine's own batch-1 time per sentence, measured right after, while the server is idle
                 # (batch-1 speed is bound by memory bandwidth and drifts on a shared VM: measure it close by).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import asynccontextmanager
 
 import numpy as np
@@ -18,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import Batcher, QueueFull, TooLarge
 from service.chars import token_bytes
-from service.encode import BYTES_PER_NUMBER, Base64, answer_bytes, json_response, respond
+from service.encode import BYTES_PER_NUMBER, JSON, NPZ, Base64, answer_bytes, json_response, respond, wants_npz
 from service.engine import Engine
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
@@ -33,7 +34,7 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from service.settings import Settings
+from service.settings import Settings, default_batch_tokens
 from service.stepper import Stepper
 from service.tokenize import max_tokens, min_tokens, tokenize
 
@@ -78,10 +79,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             message = f"cannot load the model from {settings.model_dir}: {type(err).__name__}: {err}"
             log.error(message)
             raise RuntimeError(message) from None
+        # unset: the provider's default (a GPU wants far more tokens in flight than 2 CPU cores)
+        app.state.batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
         batcher = Batcher(
             engine.run,
             Stepper(engine, settings.window),
-            settings.batch_tokens,
+            app.state.batch_tokens,
             settings.max_wait_ms / 1000,
             settings.queue_tokens,
             on_batch=metrics.observe_batch,
@@ -164,6 +167,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
         if settings.log_request_text:  # off by default: request text never reaches the logs
             log.info("%s %s", request.url.path, sentences)
+        started = time.perf_counter()
         task = asyncio.ensure_future(app.state.batcher.embed(sentences))
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
@@ -173,7 +177,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 task.cancel()
                 raise ApiError(499, "client closed the request")
         try:
-            return task.result()
+            results = task.result()
+            observe("engine", time.perf_counter() - started)
+            return results
         except TooLarge as err:
             raise ApiError(413, str(err), field) from None
         except QueueFull as err:
@@ -182,6 +188,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as err:
             log.exception("engine batch failed")
             raise ApiError(503, f"inference failed ({type(err).__name__}); retry", headers=_retry(settings)) from None
+
+    observe = metrics.observe_stage
+
+    def _tokenize_timed(items: list) -> list[list[str]]:
+        start = time.thread_time()
+        sentences = [tokenize(x) if isinstance(x, str) else x for x in items]
+        observe("tokenize", time.thread_time() - start)
+        return sentences
+
+    def observe_parse(request: Request) -> None:
+        read = request.scope.get("state", {}).get("body_read_cpu")
+        if read is not None:
+            observe("parse", time.thread_time() - read)
 
     async def tokenized(items: list, field: str, truncate: bool = False) -> tuple[list[list[str]], list[dict]]:
         """The request's sentences as tokens, within the limits, and what each item reports of its cut
@@ -206,7 +225,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
         sentences = items
         if any(isinstance(x, str) for x in items):
-            sentences = await asyncio.to_thread(lambda: [tokenize(x) if isinstance(x, str) else x for x in items])
+            sentences = await asyncio.to_thread(_tokenize_timed, items)
         for i, tokens in enumerate(sentences):
             if not tokens:
                 raise ApiError(422, "empty sentence", f"{field}[{i}]")
@@ -233,14 +252,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         return size
 
-    @app.post("/embed", response_model=EmbedResponse, responses=ERRORS, summary="ELMo vectors of sentences")
+    npz_answer = {
+        200: {
+            "content": {NPZ: {}},
+            "description": "with `Accept: application/x-npz`: the answer as an .npz (README, POST /embed)",
+        }
+    }
+
+    @app.post(
+        "/embed",
+        response_model=EmbedResponse,
+        responses={**ERRORS, **npz_answer},
+        summary="ELMo vectors of sentences",
+    )
     async def embed(body: EmbedRequest, request: Request):
+        observe_parse(request)
+        npz = wants_npz(request.headers.get("accept", ""))
+        encoding = "npz" if npz else body.encoding
         num_layers = app.state.engine.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
         sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate)
         outputs = len(mixes) or (num_layers if layer_ids is None else len(layer_ids))
         ways_out = '"pooling": "mean", "encoding": "base64", fewer layers or mixes, or fewer sentences per request'
-        size = answer_size(sentences, outputs, body.pooling == "mean", body.encoding, "sentences", ways_out)
+        size = answer_size(sentences, outputs, body.pooling == "mean", encoding, "sentences", ways_out)
         results = await embed_tokens(request, sentences, "sentences")
 
         def answer() -> dict:
@@ -248,7 +282,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for i, (tokens, layers, cut) in enumerate(zip(sentences, results, cuts, strict=True)):
                 single_mix = body.mixes is None
                 out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix, body.unit_length)
-                embedding = Base64(out) if body.encoding == "base64" else out
+                embedding = Base64(out) if encoding == "base64" else out
                 data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
             return {
                 "model": app.state.model_name,
@@ -258,7 +292,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
             }
 
-        return await respond(answer, size)
+        return await respond(answer, size, npz, observe)
 
     @app.post(
         "/v1/embeddings",
@@ -267,6 +301,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="OpenAI-style: one vector per input (mean-pooled average of the layers)",
     )
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
+        observe_parse(request)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "empty list", "input")
@@ -293,7 +328,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
 
-        return await respond(answer, size)
+        return await respond(answer, size, observe=observe)
 
     @app.post(
         "/tokenize",
@@ -349,7 +384,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "precision": engine.graph.precision,
                 "graph": engine.graph.entry,
                 "manifest": engine.info.manifest,
-                "settings": settings.public(),
+                "settings": settings.public(batch_tokens=app.state.batch_tokens),
+                "answer_media_types": {"/embed": [JSON, NPZ]},  # by Accept; the other routes answer JSON
                 "limits": {
                     "max_sentences": settings.max_sentences,
                     "max_tokens_per_sentence": settings.max_tokens_per_sentence,
@@ -365,7 +401,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "body_timeout_s": settings.body_timeout_s,
                     "body_min_rate": settings.body_min_rate,
                     "queue_tokens": settings.queue_tokens,
-                    "batch_tokens": settings.batch_tokens,
+                    "batch_tokens": app.state.batch_tokens,
                 },
             }
         )

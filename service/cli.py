@@ -9,6 +9,7 @@ import sys
 
 from service.bulk import ALL_LINES, InputError, Shard, embed_file
 from service.engine import Engine
+from service.settings import default_batch_tokens
 
 
 def _shard(text: str) -> Shard:
@@ -27,7 +28,11 @@ def embed_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="folder written by elmo-export")
     parser.add_argument("input", help="input .txt or .jsonl")
     parser.add_argument("output", help="output .hdf5")
-    parser.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        help="padded tokens per batch (default: 4096 on the CPU, 65536 on CUDA)",
+    )
     parser.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
     parser.add_argument(
@@ -45,7 +50,7 @@ def embed_main(argv: list[str] | None = None) -> int:
         "as keys: N jobs with --shard 0/N ... N-1/N cover the input exactly once",
     )
     args = parser.parse_args(argv)
-    if args.batch_tokens < 1:
+    if args.batch_tokens is not None and args.batch_tokens < 1:
         parser.error("--batch-tokens must be at least 1")
     try:
         engine = Engine(
@@ -56,8 +61,9 @@ def embed_main(argv: list[str] | None = None) -> int:
             device_id=args.device_id,
             cuda_graphs=args.cuda_graphs,
         )
+        batch_tokens = args.batch_tokens or default_batch_tokens(engine.provider)
         stats = embed_file(
-            engine, args.input, args.output, args.batch_tokens, progress=not args.no_progress, shard=args.shard
+            engine, args.input, args.output, batch_tokens, progress=not args.no_progress, shard=args.shard
         )
     except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
         print(f"elmo-embed: {err}", file=sys.stderr)

@@ -1,11 +1,19 @@
-"""Answers as JSON: their size known before the engine runs, and large ones composed and encoded off the event
-loop, in pieces, so that one large answer does not hold up every small request behind it."""
+"""Answers as JSON, or as an .npz (`Accept: application/x-npz`): their size known before the engine runs, and large
+ones composed and encoded off the event loop, in pieces, so that one large answer does not hold up every small
+request behind it.
+
+The .npz body is what `numpy.savez` writes (a zip of .npy files, stored uncompressed): `embedding_<index>.npy`, each
+item's float32 array (little-endian, of its `shape`), and `answer.json`, the JSON answer without the embeddings.
+`numpy.load` reads it as it is; elsewhere, any zip reader and a 10-line .npy header parser do."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import math
+import time
+import zipfile
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -15,7 +23,11 @@ from fastapi.responses import Response, StreamingResponse
 
 # The most bytes one number of an answer takes: orjson writes a float32 in at most 16 characters
 # ("-0.0000037214047") and a comma (11 to 14 on average); base64 writes its 4 bytes as 16/3 characters.
-BYTES_PER_NUMBER = {"float": 17, "base64": 16 / 3}
+# An .npz stores 4 bytes a number, and per item an .npy header (128 bytes) and two zip64 headers (about 200).
+BYTES_PER_NUMBER = {"float": 17, "base64": 16 / 3, "npz": 4}
+NPZ_ITEM_BYTES = 400
+NPZ = "application/x-npz"
+JSON = "application/json"
 OFF_LOOP_BYTES = 1 << 20  # answers estimated larger are composed and encoded in a worker thread
 # Numbers per orjson call off the loop. orjson holds the GIL for a whole call (0.8 s for 16 M numbers), which
 # stops the event loop as surely as running on it would; 65 536 of them take it about 4 ms.
@@ -40,7 +52,41 @@ def answer_bytes(token_counts: list[int], dim: int, outputs: int, pooled: bool, 
     mixes x (dim x bytes per number of the encoding, + 3 for a vector's brackets or quotes and a comma); the
     tokens echoed back are bounded by the body."""
     vectors = (len(token_counts) if pooled else sum(token_counts)) * outputs
-    return math.ceil(vectors * (dim * BYTES_PER_NUMBER[encoding] + 3))
+    items = len(token_counts) * NPZ_ITEM_BYTES if encoding == "npz" else 0
+    return math.ceil(vectors * (dim * BYTES_PER_NUMBER[encoding] + 3)) + items
+
+
+def wants_npz(accept: str) -> bool:
+    """Whether an Accept header asks for the .npz body: it names application/x-npz with a q above 0, and at least
+    the q it gives application/json (JSON is the answer otherwise)."""
+    q = {}
+    for media_range in accept.split(","):
+        media, *params = (part.strip() for part in media_range.split(";"))
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        q[media.lower()] = max(weight, q.get(media.lower(), 0.0))
+    return q.get(NPZ, 0.0) > 0 and q[NPZ] >= q.get(JSON, 0.0)
+
+
+def npz_body(payload: dict) -> memoryview:
+    """`payload` (an answer whose `data` items hold their `embedding` as an array) as an .npz: what
+    numpy.savez writes, uncompressed (floats do not compress)."""
+    buffer = io.BytesIO()
+    items = []
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
+        for item in payload["data"]:
+            array = np.ascontiguousarray(item["embedding"], dtype="<f4")
+            with npz.open(f"embedding_{item['index']}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, array, allow_pickle=False)
+            items.append({key: value for key, value in item.items() if key != "embedding"})
+        npz.writestr("answer.json", orjson.dumps({**payload, "data": items}))
+    return buffer.getbuffer()
 
 
 def json_response(payload, status: int = 200, headers: dict | None = None) -> Response:
@@ -49,20 +95,46 @@ def json_response(payload, status: int = 200, headers: dict | None = None) -> Re
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-async def respond(build: Callable[[], dict], estimated_bytes: int) -> Response:
-    """The JSON of `build()`: built and encoded here when its answer is estimated small; otherwise built (the
-    mixes are numpy work too) and encoded in a worker thread, in pieces between which the event loop runs,
-    then sent in parts with its length."""
-    if estimated_bytes <= OFF_LOOP_BYTES:
-        return json_response(build())
-    parts = await asyncio.to_thread(lambda: encode_in_parts(build()))
+Observe = Callable[[str, float], None]  # a stage's name and its CPU seconds
+
+
+def _timed(build: Callable[[], dict], encode: Callable, observe: Observe | None):
+    """`encode(build())`, with the CPU time of each (of the thread running them) told to `observe`."""
+    if observe is None:
+        return encode(build())
+    start = time.thread_time()
+    payload = build()
+    built = time.thread_time()
+    encoded = encode(payload)
+    observe("compose", built - start)
+    observe("encode", time.thread_time() - built)
+    return encoded
+
+
+async def respond(
+    build: Callable[[], dict], estimated_bytes: int, npz: bool = False, observe: Observe | None = None
+) -> Response:
+    """The JSON (with `npz`, the .npz) of `build()`: built and encoded here when its answer is estimated small;
+    otherwise built (the mixes are numpy work too) and encoded in a worker thread (JSON in pieces between which
+    the event loop runs), then sent in parts with its length."""
+    if npz:
+        if estimated_bytes <= OFF_LOOP_BYTES:
+            return Response(bytes(_timed(build, npz_body, observe)), media_type=NPZ)
+        whole = await asyncio.to_thread(_timed, build, npz_body, observe)
+        parts = deque(bytes(whole[k : k + SEND_BYTES]) for k in range(0, len(whole), SEND_BYTES))
+        media = NPZ
+    elif estimated_bytes <= OFF_LOOP_BYTES:
+        return _timed(build, json_response, observe)
+    else:
+        parts = await asyncio.to_thread(_timed, build, encode_in_parts, observe)
+        media = JSON
     length = sum(map(len, parts))
 
     async def body():
         while parts:
             yield parts.popleft()  # sent parts are freed as it goes
 
-    return StreamingResponse(body(), media_type="application/json", headers={"content-length": str(length)})
+    return StreamingResponse(body(), media_type=media, headers={"content-length": str(length)})
 
 
 def encode_in_parts(payload) -> deque[bytes]:

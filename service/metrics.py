@@ -6,6 +6,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.batcher import BatchStats
 
+# up to a GPU's windows: 1024 rows of 32 positions, and more
+BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+STAGE_BUCKETS = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30)
+# The stages of an embedding request the server's CPU does, in order (README, Other routes): `parse` the body's
+# JSON and its validation, `tokenize` texts (Moses), `compose` the mixes and pooling, `encode` the answer; each the
+# CPU time (time.thread_time) of the thread doing it. `engine` is the wall time the request awaited the engine.
+STAGES = ("parse", "tokenize", "engine", "compose", "encode")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -26,11 +33,19 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self.batch_tokens = Histogram(
-            "elmo_batch_tokens", "padded positions per call", buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384),
+            "elmo_batch_tokens", "padded positions per call", buckets=BATCH_TOKEN_BUCKETS,
             registry=r,
         )  # fmt: skip
         self.inference_seconds = Histogram(
             "elmo_inference_seconds", "engine time per call", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.stage_seconds = Histogram(
+            "elmo_stage_seconds",
+            "per embedding request: CPU time of each stage (parse, tokenize, compose, encode); wall time awaiting "
+            "the engine (engine)",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
         )
         self.rejected = Counter("elmo_rejected", "requests refused with 503 because the queue was full", registry=r)
 
@@ -40,3 +55,6 @@ class Metrics:
         self.inference_seconds.observe(stats.seconds)
         for seconds in stats.queue_seconds:
             self.queue_seconds.observe(seconds)
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        self.stage_seconds.labels(stage).observe(seconds)

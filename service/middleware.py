@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import hmac
 from collections.abc import Callable
-from time import perf_counter
+from time import perf_counter, thread_time
 
 import orjson
 
@@ -99,6 +99,8 @@ class BodyLimit:
                 nonlocal replayed
                 if not replayed:
                     replayed = True
+                    # CPU time from here to the route is the body's parsing and validation (its `parse` stage)
+                    scope.setdefault("state", {})["body_read_cpu"] = thread_time()
                     return {"type": "http.request", "body": body, "more_body": False}
                 return await receive()
 

@@ -8,6 +8,17 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+# Tokens in flight (and per elmo-embed batch) when ELMO_BATCH_TOKENS / --batch-tokens is not given, by the engine's
+# provider: 2 CPU cores are busy with 4096 (README, Measured performance); a GPU wants far more rows at once (an
+# H100 went from 12,594 tokens/s at 32 rows to 57,359 at 1024, ../shared/GPU.md), and the engine has 1024 slots.
+PROVIDER_BATCH_TOKENS = {"CPUExecutionProvider": 4096, "CUDAExecutionProvider": 65536}
+
+
+def default_batch_tokens(provider: str) -> int:
+    """The token budget for an engine on `provider` (an ONNX Runtime provider name), when none is set."""
+    return PROVIDER_BATCH_TOKENS.get(provider, PROVIDER_BATCH_TOKENS["CPUExecutionProvider"])
+
+
 # Where `make serve` exports the embedded default model (models/default/) before serving it.
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "build" / "models" / "default"
 
@@ -21,8 +32,11 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
 
     # batching
-    batch_tokens: int = Field(
-        4096, ge=1, description="tokens of the sentences in flight together (and per bulk batch), boundaries included"
+    batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="tokens of the sentences in flight together, boundaries included; "
+        "unset: 4096 on the CPU, 65536 on CUDA (/info shows the value in force)",
     )
     max_wait_ms: float = Field(2.0, ge=0, description="how long an idle engine waits for more sentences to start with")
     window: int = Field(
@@ -101,6 +115,9 @@ class Settings(BaseSettings):
             )
         return self
 
-    def public(self) -> dict:
-        """The values in force, as /info shows them (API keys as asterisks)."""
-        return self.model_dump(mode="json")
+    def public(self, **resolved) -> dict:
+        """The values in force, as /info shows them (API keys as asterisks); `resolved`: the values of settings
+        left unset, as the engine's provider decided them."""
+        values = self.model_dump(mode="json")
+        values.update({name: value for name, value in resolved.items() if values.get(name) is None})
+        return values

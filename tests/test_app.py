@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import itertools
 import json
 import math
@@ -113,6 +114,50 @@ def test_base64_is_little_endian_float32_in_c_order(client, sentences):
     for f, b in zip(as_float, as_base64, strict=True):
         assert b.dtype == np.dtype("<f4") and b.shape == f.shape
         np.testing.assert_array_equal(b, f)  # a float32 survives JSON exactly: any byte or order slip shows
+
+
+def npz_answer(client: httpx.Client, sentences: list, accept: str = "application/x-npz", **options):
+    response = client.post("/embed", json={"sentences": sentences, **options}, headers={"accept": accept})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/x-npz"
+    return np.load(io.BytesIO(response.content), allow_pickle=False)  # numpy reads the body alone
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"output": "layers"}, {}, {"pooling": "mean"}, {"mixes": [{"weights": [1.0, 0.0, 0.0]}, {}]}],
+    ids=["layers", "mix", "pooled", "mixes"],
+)
+def test_npz_answer_holds_the_very_numbers_of_json(client, sentences, options):
+    npz = npz_answer(client, sentences[:5], **options)
+    answer = json.loads(npz["answer.json"])
+    as_json = embed(client, sentences[:5], encoding="base64", **options)
+    assert {k: v for k, v in answer.items() if k != "data"} == {k: v for k, v in as_json.items() if k != "data"}
+    assert sorted(npz.files) == sorted(["answer.json", *(f"embedding_{i}" for i in range(5))])
+    for item, json_item, want in zip(answer["data"], as_json["data"], arrays(as_json), strict=True):
+        assert item == {k: v for k, v in json_item.items() if k != "embedding"}  # index, tokens, shape
+        got = npz[f"embedding_{item['index']}"]
+        assert got.dtype == np.dtype("<f4") and list(got.shape) == item["shape"]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_npz_answer_when_asked_for_only(client, sentences):
+    for accept in ("application/json", "*/*", "application/x-npz;q=0", "application/json, application/x-npz;q=0.5"):
+        response = client.post("/embed", json={"sentences": sentences[:1]}, headers={"accept": accept})
+        assert response.headers["content-type"] == "application/json", accept
+    npz_answer(client, sentences[:1], accept="application/json;q=0.9, application/x-npz")
+    info = client.get("/info").json()
+    assert info["answer_media_types"] == {"/embed": ["application/json", "application/x-npz"]}
+
+
+def test_a_large_npz_answer_is_encoded_off_the_loop_and_whole(client):
+    long = [[f"w{k % 50}" for k in range(MAX_TOKENS)] for _ in range(4)]  # 3 x 1600 vectors of 32: 0.6 MB
+    many = [[f"x{k % 30}" for k in range(MAX_TOKENS)] for _ in range(8)]  # 1.2 MB: over OFF_LOOP_BYTES
+    for sentences in (long, many):
+        npz = npz_answer(client, sentences, output="layers")
+        want = arrays(embed(client, sentences, output="layers", encoding="base64"))
+        for i, w in enumerate(want):
+            np.testing.assert_array_equal(npz[f"embedding_{i}"], w)
 
 
 def test_layer_selection_picks_and_orders(client, sentences, expected):
@@ -542,12 +587,37 @@ def test_info(client, server, tiny_model_dir):
     assert limits["max_body_bytes"] == MAX_BODY and limits["batch_tokens"] == 4096
     assert limits["max_inflight_bytes"] == 64 << 20 and limits["max_layers_or_mixes"] == 8
     assert limits["max_text_chars"] == 1_000_000 and limits["max_answer_bytes"] == 64 << 20
-    assert limits["answer_bytes_per_number"] == {"float": 17, "base64": 16 / 3}
+    assert limits["answer_bytes_per_number"] == {"float": 17, "base64": 16 / 3, "npz": 4}
     assert (limits["max_header_bytes"], limits["max_headers"]) == (16384, 100)
     assert (limits["head_timeout_s"], limits["body_timeout_s"], limits["body_min_rate"]) == (10, 10, 65536)
     settings = info["settings"]
     assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"
+    assert settings["batch_tokens"] == 4096  # unset: the CPU provider's default, shown as in force
+
+
+@pytest.mark.parametrize("accept", ["application/json", "application/x-npz"])
+def test_stage_metrics_time_each_stage_of_a_request(client, accept):
+    stages = ("parse", "tokenize", "engine", "compose", "encode")
+    before = {s: counter(client, "elmo_stage_seconds_count", stage=s) for s in stages}
+    sums = {s: counter(client, "elmo_stage_seconds_sum", stage=s) for s in stages}
+    response = client.post("/embed", json={"sentences": ["A text to tokenize.", HELLO]}, headers={"accept": accept})
+    assert response.status_code == 200
+    for s in stages:
+        assert counter(client, "elmo_stage_seconds_count", stage=s) == before[s] + 1, s
+        assert counter(client, "elmo_stage_seconds_sum", stage=s) >= sums[s], s
+    embed(client, [HELLO])  # tokens: no tokenize stage
+    assert counter(client, "elmo_stage_seconds_count", stage="tokenize") == before["tokenize"] + 1
+
+
+def test_batch_tokens_default_to_the_providers():
+    from service.settings import Settings, default_batch_tokens
+
+    assert Settings().batch_tokens is None  # unset: decided once the engine's provider is known
+    assert default_batch_tokens("CPUExecutionProvider") == 4096
+    assert default_batch_tokens("CUDAExecutionProvider") == 65536
+    assert Settings().public(batch_tokens=65536)["batch_tokens"] == 65536
+    assert Settings(batch_tokens=512).public(batch_tokens=65536)["batch_tokens"] == 512  # set: kept
 
 
 def test_metrics(client):

@@ -103,6 +103,38 @@ def test_every_parameter_gives_what_a_direct_request_gives(elmo, client, sentenc
     assert_same(elmo.embed(batch, **options), direct(client, batch, **options))
 
 
+def test_the_npz_answer_where_offered_and_base64_where_not(server, sentences):
+    batch = [*sentences[:4], "A text, which the server tokenizes."]
+    got = {}
+    for offered in (True, False):
+        with Client(server.url) as c:
+            c.info()
+            if not offered:  # a server from before the .npz body
+                c._info = {k: v for k, v in c._info.items() if k != "answer_media_types"}
+            types = []
+            c._http.event_hooks["response"].append(lambda r, types=types: types.append(r.headers["content-type"]))
+            got[offered] = c.embed(batch, output="layers")
+            assert set(types) == {"application/x-npz" if offered else "application/json"}
+            assert all(a.dtype == np.float32 and a.flags.writeable for a in got[offered])
+    for a, b in zip(got[True], got[False], strict=True):
+        np.testing.assert_array_equal(a, b)  # the same bits either way
+
+
+def test_the_async_client_reads_the_npz_answer(server, sentences):
+    async def embed():
+        async with AsyncClient(server.url) as c:
+            assert "application/x-npz" in (await c.info())["answer_media_types"]["/embed"]
+            return await c.embed(sentences[:3], pooling="mean")
+
+    got = asyncio.run(embed())
+    with Client(server.url) as c:
+        c.info()
+        c._info = {k: v for k, v in c._info.items() if k != "answer_media_types"}
+        want = c.embed(sentences[:3], pooling="mean")
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_items_carry_tokens_and_truncation(elmo, client, sentences):
     long = [f"w{k}" for k in range(MAX_TOKENS + 7)]
     items = elmo.embed_items([sentences[0], long, "Hello, world!"], truncate=True, pooling="mean")

@@ -99,6 +99,14 @@ def test_dockerfile_stages(dockerfile):
     gpu = stages[names.index("base-gpu")].base
     assert gpu.startswith("nvidia/cuda:") and "cudnn" in gpu and "runtime" in gpu  # CUDA and cuDNN libraries
     assert run.args["ONNXRUNTIME_GPU"].startswith("onnxruntime-gpu")
+    # CUDA 13 and cuDNN 9 by default, with an onnxruntime-gpu built for them (1.27 and later)
+    cuda = re.match(r"nvidia/cuda:(\d+)\.\d+\.\d+-cudnn-runtime-", global_args["CUDA_IMAGE"])
+    assert cuda and cuda.group(1) == "13" and gpu == global_args["CUDA_IMAGE"]
+    assert run.args["ONNXRUNTIME_GPU"] == "onnxruntime-gpu>=1.27"
+    # CUDA 12 stays a build-argument choice, with the last onnxruntime-gpu built for it
+    text = DOCKERFILE.read_text()
+    assert "CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04" in text
+    assert "ONNXRUNTIME_GPU=onnxruntime-gpu==1.26.0" in text
 
 
 def test_dockerfile_copy_sources_exist(dockerfile):
@@ -171,6 +179,11 @@ def test_install_script_puts_torch_first_and_one_runtime():
     assert run.returncode == 0, run.stderr
     assert "torch" not in run.stdout and "uninstall --yes onnxruntime " in run.stdout
     assert run.stdout.rstrip().endswith("[gpu] onnxruntime-gpu==1.26.0")
+
+    # the GPU image's default install step (CUDA 13), as the Dockerfile runs it
+    run = dry_run("--venv", "/opt/venv", "--runtime", "gpu", str(ROOT), ONNXRUNTIME="onnxruntime-gpu>=1.27")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip().endswith("[gpu] onnxruntime-gpu>=1.27")
 
     run = dry_run("--export", TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu")
     assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in run.stdout
@@ -248,6 +261,15 @@ def test_compose_gpu_service_reserves_an_nvidia_device(compose):
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"] and device["count"] >= 1
     assert default(gpu["environment"]["ELMO_PROVIDER"]) == "cuda"
     assert default(gpu["ports"][0]).endswith(":8000")
+
+
+def test_compose_has_one_replica_per_gpu(compose):
+    first, second = compose["services"]["elmo-gpu"], compose["services"]["elmo-gpu-1"]
+    assert second["profiles"] == ["gpu-2"] and second["build"] == first["build"] and second["image"] == first["image"]
+    assert second["environment"] == first["environment"]  # ELMO_DEVICE_ID among them: the GPU seen is device 0
+    (device,) = second["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["device_ids"] == ["1"] and "count" not in device
+    assert [default(p) for p in second["ports"]] == ["8002:8000"] != [default(p) for p in first["ports"]]
 
 
 @pytest.mark.parametrize("service", ["elmo", "elmo-gpu"])

@@ -4,13 +4,23 @@ estimated before the engine runs bounds what is written."""
 from __future__ import annotations
 
 import base64
+import io
+import json
 
 import numpy as np
 import orjson
 import pytest
 
 from service import encode
-from service.encode import BYTES_PER_NUMBER, Base64, answer_bytes, encode_in_parts, json_response
+from service.encode import (
+    BYTES_PER_NUMBER,
+    Base64,
+    answer_bytes,
+    encode_in_parts,
+    json_response,
+    npz_body,
+    wants_npz,
+)
 
 RNG = np.random.default_rng(0)
 
@@ -56,3 +66,33 @@ def test_the_estimate_bounds_the_numbers_written(encoding):
         estimate = answer_bytes([40], 32, 1, False, encoding)
         assert written <= estimate
     assert answer_bytes([40, 2], 32, 3, True, encoding) == int(np.ceil(2 * 3 * (32 * BYTES_PER_NUMBER[encoding] + 3)))
+
+
+def test_npz_is_what_numpy_reads_and_the_estimate_bounds_it():
+    data = [{"index": i, "tokens": ["a"], "embedding": a, "shape": list(a.shape)} for i, a in enumerate(arrays())]
+    body = npz_body({"model": "m", "data": data})
+    npz = np.load(io.BytesIO(body), allow_pickle=False)
+    for i, item in enumerate(data):
+        np.testing.assert_array_equal(npz[f"embedding_{i}"], item["embedding"])
+    assert json.loads(npz["answer.json"])["data"][1] == {k: v for k, v in data[1].items() if k != "embedding"}
+    sizes = [a.shape for a in (np.zeros((3, 200, 32)), np.zeros((5000, 32)))]
+    small = npz_body({"data": [{"index": i, "embedding": np.zeros(s, np.float32)} for i, s in enumerate(sizes)]})
+    assert len(small) <= answer_bytes([200, 5000], 32, 3, False, "npz")
+
+
+@pytest.mark.parametrize(
+    ("accept", "npz"),
+    [
+        ("", False),
+        ("application/json", False),
+        ("*/*", False),
+        ("application/x-npz", True),
+        ("Application/X-NPZ; q=1", True),
+        ("application/x-npz;q=0", False),
+        ("application/x-npz;q=0.5, application/json", False),
+        ("application/x-npz, application/json;q=0.5", True),
+        ("application/x-npz;q=nonsense", False),
+    ],
+)
+def test_npz_is_chosen_by_accept(accept, npz):
+    assert wants_npz(accept) is npz

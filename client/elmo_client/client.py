@@ -121,6 +121,12 @@ def _json(response: httpx.Response) -> dict:
     return response.json()
 
 
+def _answer(response: httpx.Response) -> dict:
+    if response.is_error:
+        raise _error(response)
+    return wire.answer(response.content, response.headers.get("content-type", wire.JSON))
+
+
 def _items(data: list[dict], expected: int) -> list[dict]:
     if [item.get("index") for item in data] != list(range(expected)):
         raise ElmoError(f"the server answered {len(data)} items for {expected} sentences")
@@ -150,6 +156,9 @@ class _Base:
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
         self._info: dict | None = None
+
+    def _accept(self, path: str) -> str:
+        return wire.accept(self._info or {}, path)
 
     def _attempts(self) -> _Attempts:
         return _Attempts(self.retry_wait_s, self.connect_retries)
@@ -272,17 +281,17 @@ class Client(_Base):
     def _answer(self, path: str, sentences: list, options: dict) -> list[dict]:
         """The items of one run of sentences: split in halves for as long as the server answers 413."""
         body = (wire.embed_body if path == "/embed" else wire.tokenize_body)(sentences, options)
-        response = self._request("POST", path, body)
+        response = self._request("POST", path, body, self._accept(path))
         if response.status_code == 413 and len(sentences) > 1:
             half = len(sentences) // 2
             return self._answer(path, sentences[:half], options) + self._answer(path, sentences[half:], options)
-        return _items(_json(response)["data"], len(sentences))
+        return _items(_answer(response)["data"], len(sentences))
 
-    def _request(self, method: str, path: str, body: bytes | None = None) -> httpx.Response:
+    def _request(self, method: str, path: str, body: bytes | None = None, accept: str = wire.JSON) -> httpx.Response:
         attempts = self._attempts()
         while True:
             try:
-                response = self._http.request(method, path, content=body)
+                response = self._http.request(method, path, content=body, headers={"accept": accept})
             except httpx.TransportError as err:
                 time.sleep(attempts.after_failure(err, f"{self.url}{path}"))
                 continue
@@ -371,21 +380,23 @@ class AsyncClient(_Base):
 
     async def _answer(self, path: str, sentences: list, options: dict) -> list[dict]:
         body = (wire.embed_body if path == "/embed" else wire.tokenize_body)(sentences, options)
-        response = await self._request("POST", path, body)
+        response = await self._request("POST", path, body, self._accept(path))
         if response.status_code == 413 and len(sentences) > 1:
             half = len(sentences) // 2
             first = await self._answer(path, sentences[:half], options)
             return first + await self._answer(path, sentences[half:], options)
-        return _items(_json(response)["data"], len(sentences))
+        return _items(_answer(response)["data"], len(sentences))
 
-    async def _request(self, method: str, path: str, body: bytes | None = None) -> httpx.Response:
+    async def _request(
+        self, method: str, path: str, body: bytes | None = None, accept: str = wire.JSON
+    ) -> httpx.Response:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_concurrency)
         attempts = self._attempts()
         while True:
             try:
                 async with self._slots:  # at most max_concurrency requests in flight; none held while waiting
-                    response = await self._http.request(method, path, content=body)
+                    response = await self._http.request(method, path, content=body, headers={"accept": accept})
             except httpx.TransportError as err:
                 await asyncio.sleep(attempts.after_failure(err, f"{self.url}{path}"))
                 continue
