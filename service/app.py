@@ -273,7 +273,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         mixes, layer_ids = _resolve_output(body, num_layers)
         sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate)
         outputs = len(mixes) or (num_layers if layer_ids is None else len(layer_ids))
-        ways_out = '"pooling": "mean", "encoding": "base64", fewer layers or mixes, or fewer sentences per request'
+        smaller = "" if npz else '"encoding": "base64", '  # the .npz is already the smallest encoding
+        ways_out = f'"pooling": "mean", {smaller}fewer layers or mixes, or fewer sentences per request'
         size = answer_size(sentences, outputs, body.pooling == "mean", encoding, "sentences", ways_out)
         results = await embed_tokens(request, sentences, "sentences")
 
@@ -292,7 +293,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
             }
 
-        return await respond(answer, size, npz, observe)
+        # The same request answers JSON or .npz by its Accept header: caches must tell them apart.
+        return await respond(answer, size, npz, observe, headers={"vary": "accept"})
 
     @app.post(
         "/v1/embeddings",

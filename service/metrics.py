@@ -42,7 +42,7 @@ class Metrics:
         self.stage_seconds = Histogram(
             "elmo_stage_seconds",
             "per embedding request: CPU time of each stage (parse, tokenize, compose, encode); wall time awaiting "
-            "the engine (engine)",
+            "the engine, queued and computed (engine)",
             ["stage"],
             buckets=STAGE_BUCKETS,
             registry=r,

@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Tokens in flight (and per elmo-embed batch) when ELMO_BATCH_TOKENS / --batch-tokens is not given, by the engine's
 # provider: 2 CPU cores are busy with 4096 (README, Measured performance); a GPU wants far more rows at once (an
-# H100 went from 12,594 tokens/s at 32 rows to 57,359 at 1024, ../shared/GPU.md), and the engine has 1024 slots.
+# H100 went from 12,594 tokens/s at 32 rows to 57,359 at 1024; README, GPU), and the engine has 1024 slots.
 PROVIDER_BATCH_TOKENS = {"CPUExecutionProvider": 4096, "CUDAExecutionProvider": 65536}
 
 

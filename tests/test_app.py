@@ -146,6 +146,9 @@ def test_npz_answer_when_asked_for_only(client, sentences):
         response = client.post("/embed", json={"sentences": sentences[:1]}, headers={"accept": accept})
         assert response.headers["content-type"] == "application/json", accept
     npz_answer(client, sentences[:1], accept="application/json;q=0.9, application/x-npz")
+    for accept in ("application/json", "application/x-npz"):  # one URL, two answers: caches must key on Accept
+        response = client.post("/embed", json={"sentences": sentences[:1]}, headers={"accept": accept})
+        assert response.headers["vary"] == "accept"
     info = client.get("/info").json()
     assert info["answer_media_types"] == {"/embed": ["application/json", "application/x-npz"]}
 
@@ -679,3 +682,13 @@ def test_no_request_failed_on_the_server(client, server):
     statuses = answered_statuses(client)
     assert statuses and not any(s.startswith("5") for s in statuses), statuses
     assert "Traceback" not in server.log.read_text()
+
+
+def test_a_large_npz_answer_is_sent_in_parts_with_the_same_numbers(client, sentences):
+    # 64 sentences of 60 tokens, per layer: 1.5 MB of float32, over the size encoded off the event loop
+    big = [(sentences[k % 30] * 5)[:60] for k in range(64)]
+    npz = npz_answer(client, big, output="layers")
+    as_json = embed(client, big, output="layers", encoding="base64")
+    assert sum(npz[f"embedding_{i}"].nbytes for i in range(64)) > 1 << 20
+    for i, want in enumerate(arrays(as_json)):
+        np.testing.assert_array_equal(npz[f"embedding_{i}"], want)

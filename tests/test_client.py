@@ -406,3 +406,13 @@ def test_the_client_needs_only_httpx_and_numpy(server, sentences, expected, tmp_
     got = [np.asarray(x, np.float32) for x in answer["layers"]]
     assert max_error(got, expected[:2]) <= 1e-5
     np.testing.assert_array_equal(np.asarray(answer["first"], np.float32), got[0])
+
+
+def test_an_unreadable_answer_is_an_elmo_error():
+    # A body cut short (a proxy's limit, say) is the client's error to name, not a zipfile or JSON traceback.
+    from elmo_client.client import _answer
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/embed")
+    for kind, content in (("application/x-npz", b"PK\x03\x04cut short"), ("application/json", b'{"data": [')):
+        with pytest.raises(ElmoError, match=f"unreadable {kind} answer"):
+            _answer(httpx.Response(200, content=content, headers={"content-type": kind}, request=request))

@@ -102,7 +102,7 @@ def test_dockerfile_stages(dockerfile):
     # CUDA 13 and cuDNN 9 by default, with an onnxruntime-gpu built for them (1.27 and later)
     cuda = re.match(r"nvidia/cuda:(\d+)\.\d+\.\d+-cudnn-runtime-", global_args["CUDA_IMAGE"])
     assert cuda and cuda.group(1) == "13" and gpu == global_args["CUDA_IMAGE"]
-    assert run.args["ONNXRUNTIME_GPU"] == "onnxruntime-gpu>=1.27"
+    assert run.args["ONNXRUNTIME_GPU"] == "onnxruntime-gpu==1.31.1"  # pinned: a rebuild gets the runtime tested
     # CUDA 12 stays a build-argument choice, with the last onnxruntime-gpu built for it
     text = DOCKERFILE.read_text()
     assert "CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04" in text
@@ -181,9 +181,9 @@ def test_install_script_puts_torch_first_and_one_runtime():
     assert run.stdout.rstrip().endswith("[gpu] onnxruntime-gpu==1.26.0")
 
     # the GPU image's default install step (CUDA 13), as the Dockerfile runs it
-    run = dry_run("--venv", "/opt/venv", "--runtime", "gpu", str(ROOT), ONNXRUNTIME="onnxruntime-gpu>=1.27")
+    run = dry_run("--venv", "/opt/venv", "--runtime", "gpu", str(ROOT), ONNXRUNTIME="onnxruntime-gpu==1.31.1")
     assert run.returncode == 0, run.stderr
-    assert run.stdout.rstrip().endswith("[gpu] onnxruntime-gpu>=1.27")
+    assert run.stdout.rstrip().endswith("[gpu] onnxruntime-gpu==1.31.1")
 
     run = dry_run("--export", TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu")
     assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in run.stdout

@@ -92,6 +92,9 @@ def test_npz_is_what_numpy_reads_and_the_estimate_bounds_it():
         ("application/x-npz;q=0.5, application/json", False),
         ("application/x-npz, application/json;q=0.5", True),
         ("application/x-npz;q=nonsense", False),
+        ("application/x-npz;q=0.5, */*", False),  # */* gives JSON q=1
+        ("application/x-npz;q=0.5, application/*;q=0.4", True),
+        ("application/x-npz;q=0.5, application/json;q=0.4, */*", True),  # the most specific range counts
     ],
 )
 def test_npz_is_chosen_by_accept(accept, npz):

@@ -11,6 +11,7 @@ import email.utils
 import random
 import threading
 import time
+import zipfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,7 +125,11 @@ def _json(response: httpx.Response) -> dict:
 def _answer(response: httpx.Response) -> dict:
     if response.is_error:
         raise _error(response)
-    return wire.answer(response.content, response.headers.get("content-type", wire.JSON))
+    kind = response.headers.get("content-type", wire.JSON)
+    try:
+        return wire.answer(response.content, kind)
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as err:  # a body cut short or not what it says
+        raise ElmoError(f"{response.url}: unreadable {kind} answer ({type(err).__name__}: {err})") from err
 
 
 def _items(data: list[dict], expected: int) -> list[dict]:
