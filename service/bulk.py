@@ -1,8 +1,9 @@
 """elmo-embed: embed a file of sentences into an hdf5 file, the layout of allennlp's `elmo --all`.
 
 The input is streamed: a chunk of lines is read, length-sorted and cut into batches whose padded size
-(sentences x longest sentence, boundary tokens included) stays under the token budget, embedded, and
-written before the next chunk is read. Output: dataset "<line index>" (num_layers, n_tokens, dim) float32
+(sentences x longest sentence, boundary tokens included) stays under the token budget, embedded and
+written, the three overlapped (`embed_file`): the next chunk is read while this one's batches run, and a
+batch is written while the next one runs. Output: dataset "<line index>" (num_layers, n_tokens, dim) float32
 per line, and "sentence_to_index", a JSON object from sentence text to line index.
 
 Sharding (`--shard i/n`) splits one input between n jobs without a pass over the file: line k (0-based)
@@ -12,8 +13,11 @@ sentence_to_index, so the n outputs are disjoint and together hold every line ex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -115,39 +119,117 @@ def embed_file(
     progress: bool = True,
     shard: Shard = ALL_LINES,
 ) -> dict:
-    """Embed every line of input_path (of the shard) into output_path; returns counts and timing."""
+    """Embed every line of input_path (of the shard) into output_path; returns counts and timing.
+
+    Three threads, so that the engine never waits on the file system or the parser: a reader parses the next
+    chunks and plans their batches (at most READ_AHEAD_CHUNKS ahead), this thread runs the engine batch after
+    batch, and a writer writes each finished batch to hdf5 (at most WRITE_BEHIND_BATCHES behind). The writer
+    is the only thread that touches the file, h5py not being safe for concurrent use. ONNX Runtime releases the
+    GIL while it runs, so on a GPU the other two work while the device does. The first failure in any of them
+    (a bad line, an engine error, a full disk, KeyboardInterrupt) stops all three and removes the .partial."""
     output_path = Path(output_path)
     partial = output_path.with_name(output_path.name + ".partial")
-    sentence_to_index: dict[str, str] = {}
-    sentences = tokens_total = 0
     started = time.perf_counter()
     desc = "elmo-embed" if shard == ALL_LINES else f"elmo-embed {shard}"
     size = os.path.getsize(input_path)
     bar = tqdm(total=size, unit="B", unit_scale=True, disable=not progress, desc=desc)
+    stop = threading.Event()
+    planned: queue.Queue = queue.Queue(READ_AHEAD_CHUNKS)
+    finished: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
+    reader = _Stage(stop, _read_ahead, input_path, shard, batch_tokens, planned, stop)
+    writer = _Stage(stop, _write_behind, partial, finished, stop, bar, started)
     try:
-        with h5py.File(partial, "w") as out:
-            for chunk in _chunks(read_sentences(input_path, shard), CHUNK_BATCHES * batch_tokens):
-                for batch in plan_batches((len(line[1]) for line in chunk), batch_tokens):
-                    layers = engine.run([chunk[i][1] for i in batch])
-                    for i, array in zip(batch, layers, strict=True):
-                        out.create_dataset(str(chunk[i][0]), data=array)
-                for line_index, tokens, text, read in chunk:
-                    sentence_to_index[text] = str(line_index)
-                    sentences += 1
-                    tokens_total += len(tokens)
-                    bar.update(read)
-                bar.set_postfix(tokens_per_s=f"{tokens_total / (time.perf_counter() - started):.0f}")
-            bar.update(size - bar.n)  # the other shards' lines after this shard's last one
-            index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
-            index[0] = json.dumps(sentence_to_index)
+        reader.start()
+        writer.start()
+        while (planned_chunk := _get(planned, stop)) is not _END:
+            chunk, batches = planned_chunk
+            for batch in batches:
+                layers = engine.run([chunk[i][1] for i in batch])
+                _put(finished, ([chunk[i][0] for i in batch], layers), stop)
+            _put(finished, chunk, stop)  # the chunk is all embedded: index it and move the progress bar
+        _put(finished, _END, stop)
+        writer.join()
+        if writer.error is not None:
+            raise writer.error
         os.replace(partial, output_path)
-    except BaseException:
+    except BaseException as err:
+        stop.set()  # every queue operation and stage loop checks it: the other threads end within POLL_S
+        reader.join()
+        writer.join()  # the writer closes the file before it is removed
         partial.unlink(missing_ok=True)
+        failure = reader.error or writer.error  # a _Stopped here means another stage failed first: raise that
+        if isinstance(err, _Stopped) and failure is not None:
+            raise failure from None
         raise
     finally:
         bar.close()
+    sentences, tokens_total = writer.result
     seconds = time.perf_counter() - started
     return {"sentences": sentences, "tokens": tokens_total, "seconds": seconds, "tokens_per_s": tokens_total / seconds}
+
+
+# Bounds on what waits between the stages, so that memory stays bounded however long the input is. A chunk waiting
+# to be embedded is only its text and tokens; a batch waiting to be written holds its layers (with the full-size
+# model, 12 KB per token: up to 0.8 GB per batch of 65536 tokens on CUDA), hence two.
+READ_AHEAD_CHUNKS = 1  # and one more being read: a chunk is CHUNK_BATCHES batches of engine work, ample slack
+WRITE_BEHIND_BATCHES = 2
+POLL_S = 0.1  # how often a stage blocked on a queue looks whether another one has failed
+
+
+class _Stopped(Exception):
+    """Another stage failed: this one ends without doing more."""
+
+
+_END = object()  # the end of a queue's items
+
+
+class _Stage(threading.Thread):
+    """A pipeline stage: `target(*args)`'s return value, or the exception that ended it (but _Stopped), which
+    also sets `stop` so that the other stages end: the engine thread then raises this exception."""
+
+    def __init__(self, stop: threading.Event, target, *args):
+        # daemon: a stage still running (after a second Ctrl-C during the joins) does not keep the process alive
+        super().__init__(name=f"elmo-embed {target.__name__.lstrip('_')}", daemon=True)
+        self._stop_all, self._call = stop, (target, args)
+        self.result = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        target, args = self._call
+        try:
+            self.result = target(*args)
+        except _Stopped:
+            pass
+        except BaseException as err:
+            self.error = err
+            self._stop_all.set()
+
+
+def _put(q: queue.Queue, item, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=POLL_S)
+            return
+        except queue.Full:
+            pass
+    raise _Stopped
+
+
+def _get(q: queue.Queue, stop: threading.Event):
+    while not stop.is_set():
+        try:
+            return q.get(timeout=POLL_S)
+        except queue.Empty:
+            pass
+    raise _Stopped
+
+
+def _read_ahead(input_path, shard: Shard, batch_tokens: int, planned: queue.Queue, stop: threading.Event) -> None:
+    """Reader stage: each chunk of the shard's lines and its batches, in input order, then _END."""
+    with contextlib.closing(read_sentences(input_path, shard)) as lines:
+        for chunk in _chunks(_until(stop, lines), CHUNK_BATCHES * batch_tokens):
+            _put(planned, (chunk, plan_batches((len(line[1]) for line in chunk), batch_tokens)), stop)
+    _put(planned, _END, stop)
 
 
 def _chunks(
@@ -162,6 +244,39 @@ def _chunks(
             chunk, tokens = [], 0
     if chunk:
         yield chunk
+
+
+def _until(stop: threading.Event, lines: Iterator) -> Iterator:
+    """The lines, until another stage fails: a chunk on the GPU is two million tokens, too long to finish."""
+    for line in lines:
+        if stop.is_set():
+            raise _Stopped
+        yield line
+
+
+def _write_behind(partial: Path, finished: queue.Queue, stop: threading.Event, bar: tqdm, started: float):
+    """Writer stage: one dataset per line of each finished batch, then, at _END, sentence_to_index. Returns the
+    sentences and tokens written."""
+    sentence_to_index: dict[str, str] = {}
+    sentences = tokens_total = 0
+    with h5py.File(partial, "w") as out:
+        while (item := _get(finished, stop)) is not _END:
+            if isinstance(item, list):  # a chunk, all of whose batches came before it
+                for line_index, tokens, text, read in item:
+                    sentence_to_index[text] = str(line_index)  # in line order: a repeated sentence keeps its last
+                    sentences += 1
+                    tokens_total += len(tokens)
+                    bar.update(read)
+                bar.set_postfix(tokens_per_s=f"{tokens_total / (time.perf_counter() - started):.0f}")
+                continue
+            for line_index, array in zip(*item, strict=True):
+                if stop.is_set():  # another stage failed: this file is about to be removed
+                    raise _Stopped
+                out.create_dataset(str(line_index), data=array)
+        bar.update(bar.total - bar.n)  # the other shards' lines after this shard's last one
+        index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+        index[0] = json.dumps(sentence_to_index)
+    return sentences, tokens_total
 
 
 def read_embeddings(path: str | Path) -> tuple[dict[int, np.ndarray], dict[str, str]]:

@@ -3,12 +3,14 @@
 import json
 import subprocess
 import sys
+import threading
 
 import h5py
 import numpy as np
 import pytest
 
-from service.bulk import InputError, Shard, embed_file, plan_batches, read_embeddings
+import service.bulk
+from service.bulk import InputError, Shard, embed_file, plan_batches, read_embeddings, read_sentences
 from tests.conftest import max_error
 
 
@@ -46,6 +48,96 @@ def test_many_chunks_and_batches_keep_line_order(engine, sentences, expected, tm
     got, _ = read_embeddings(tmp_path / "out.hdf5")
     assert list(got) == list(range(90))
     assert max_error(list(got.values()), expected * 3) <= 1e-5
+
+
+def test_pipelined_output_equals_each_sentence_run_alone(engine, sentences, tmp_path, monkeypatch):
+    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # many chunks: the reader, engine and writer overlap
+    source = tmp_path / "in.txt"
+    lines = sentences * 4
+    source.write_text("\n".join(" ".join(s) for s in lines) + "\n")
+    embed_file(engine, source, tmp_path / "out.hdf5", batch_tokens=100, progress=False)
+    got, index = read_embeddings(tmp_path / "out.hdf5")
+    assert list(got) == list(range(len(lines)))
+    for line, layers in got.items():
+        np.testing.assert_array_equal(layers, engine.run([lines[line]])[0])  # the same bits as unbatched
+    assert index == {" ".join(s): str(90 + i) for i, s in enumerate(sentences)}  # a repeated sentence: its last line
+
+
+class SlowEngine:
+    """The engine, whose runs set `busy`, can be made to wait for an event, and fail at a given call."""
+
+    def __init__(self, engine, wait_for=None, fail_at=None, error=None):
+        self.engine, self.wait_for, self.fail_at, self.error, self.calls = engine, wait_for, fail_at, error, 0
+        self.busy = threading.Event()
+
+    def run(self, batch):
+        self.calls += 1
+        self.busy.set()
+        if self.wait_for is not None:
+            assert self.wait_for.wait(30)
+        if self.calls == self.fail_at:
+            raise self.error
+        return self.engine.run(batch)
+
+
+def counting_reader(monkeypatch, hold=(None, None)):
+    """Patch elmo-embed's reader to count the lines it yields, to set `failed` when it raises, and, with
+    hold=(line index, event), to wait for the event before it reads that line."""
+    read, failed = [], threading.Event()
+
+    def reader(*args, **kwargs):
+        try:
+            for line in read_sentences(*args, **kwargs):
+                if line[0] == hold[0]:
+                    assert hold[1].wait(30)
+                read.append(line[0])
+                yield line
+        except InputError:
+            failed.set()
+            raise
+
+    monkeypatch.setattr(service.bulk, "read_sentences", reader)
+    return read, failed
+
+
+def test_a_bad_line_read_while_the_engine_runs_is_named(engine, sentences, tmp_path, monkeypatch):
+    # Two chunks: the engine's first batch (of the first chunk) runs until the reader has met the bad line at
+    # the end of the second one, and the reader reads the second chunk's end only once the engine has started.
+    tokens = 40 * sum(map(len, sentences))
+    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", tokens // 2 // 100 + 1)
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(s) + "\n" for s in sentences * 40) + "\n")  # line 1201 is empty
+    threads = threading.active_count()
+    slow = SlowEngine(engine)
+    _, slow.wait_for = counting_reader(monkeypatch, hold=(1199, slow.busy))
+    with pytest.raises(InputError, match=r"in.txt:1201: empty sentence"):
+        embed_file(slow, source, tmp_path / "out.hdf5", batch_tokens=100, progress=False)
+    assert slow.calls == 1  # stopped at once, not after embedding the lines before the bad one
+    assert not list(tmp_path.glob("out.hdf5*"))
+    assert threading.active_count() == threads
+
+
+@pytest.mark.parametrize("error", [RuntimeError("the engine failed"), KeyboardInterrupt()])
+def test_an_engine_failure_stops_every_thread_and_leaves_no_file(engine, sentences, tmp_path, monkeypatch, error):
+    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)
+    read, _ = counting_reader(monkeypatch)
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(s) + "\n" for s in sentences * 40))
+    threads = threading.active_count()
+    with pytest.raises(type(error)):
+        embed_file(SlowEngine(engine, fail_at=3, error=error), source, tmp_path / "out.hdf5", 100, progress=False)
+    assert not list(tmp_path.glob("out.hdf5*"))
+    assert threading.active_count() == threads
+    assert len(read) < 1200 / 4  # the reader stopped a few chunks ahead, not at the end of the file
+
+
+def test_a_write_failure_stops_the_run(engine, sentences, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(s) + "\n" for s in sentences))
+    threads = threading.active_count()
+    with pytest.raises(OSError):
+        embed_file(engine, source, tmp_path / "no such folder" / "out.hdf5", progress=False)
+    assert threading.active_count() == threads
 
 
 @pytest.mark.parametrize("count", [1, 3, 7, 40])
