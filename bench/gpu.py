@@ -135,7 +135,7 @@ def placement(model_dir: Path, provider: str, device_id: int) -> dict[str, dict]
     for graph in read_manifest(model_dir).graphs:
         providers = list(names)
         if names[0] == "CUDAExecutionProvider":
-            providers[0] = (names[0], cuda_options(device_id, graph.precision, False))
+            providers[0] = (names[0], cuda_options(device_id, False))
         with tempfile.TemporaryDirectory() as tmp:
             optimized = Path(tmp) / "optimized.onnx"
             options = ort.SessionOptions()

@@ -161,8 +161,8 @@ def choose_providers(provider: str) -> list[str]:
     raise ValueError(f"provider must be auto, cuda or cpu, not {provider!r}")
 
 
-def cuda_options(device_id: int, precision: str, cuda_graphs: bool) -> dict[str, str]:
-    """The CUDA provider's options for exact (fp32) or fast (fp16) serving."""
+def cuda_options(device_id: int, cuda_graphs: bool) -> dict[str, str]:
+    """The CUDA provider's options: exact fp32 (the fp16 graph computes its products in fp16 whatever they say)."""
     return {
         "device_id": str(device_id),
         # The provider's default computes fp32 MatMul and Conv in TF32 (10-bit mantissa): 1.8e-3 off the CPU and
@@ -240,7 +240,7 @@ def _open(info, cuda: bool, graph: str, precision: str, options, device_id: int,
     if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN installed as pip packages (nvidia-*) are found
         ort.preload_dlls()
     capture = cuda_graphs and chosen.kind == "window"  # a graph with a Loop cannot be captured
-    providers = [("CUDAExecutionProvider", cuda_options(device_id, precision, capture)), "CPUExecutionProvider"]
+    providers = [("CUDAExecutionProvider", cuda_options(device_id, capture)), "CPUExecutionProvider"]
     return chosen, *placed_session(chosen.file, options, providers)
 
 
@@ -334,7 +334,7 @@ class Engine:
         check_single_runtime()
         self.info = read_manifest(model_dir)
         self.token_cache = TokenCache(token_cache)
-        self.precision, self.max_rows = precision, max_rows
+        self.max_rows = max_rows
         names = choose_providers(provider)
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads  # 0: one per core
