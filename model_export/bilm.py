@@ -18,7 +18,6 @@ from torch import Tensor, nn
 
 from model_export.options import BiLMOptions
 
-CHAR_VOCAB = 262  # char ids 0 (padding) .. 261 (the published mapping's padding char + 1)
 FORGET_BIAS = 1.0  # TensorFlow's LSTMCell adds this to the f gate; the published B does not include it
 
 
@@ -28,20 +27,28 @@ class CharCNN(nn.Module):
     def __init__(self, opt: BiLMOptions):
         super().__init__()
         self.activation = torch.relu if opt.activation == "relu" else torch.tanh
-        self.char_embed = nn.Embedding(CHAR_VOCAB, opt.char_dim, padding_idx=0)
+        self.char_embed = nn.Embedding(opt.char_vocab, opt.char_dim, padding_idx=0)
         self.convs = nn.ModuleList(nn.Conv1d(opt.char_dim, n, width) for width, n in opt.filters)
         # highway: [transform; carry] in one matmul; out = carry * relu(transform) + (1 - carry) * x
         self.highways = nn.ModuleList(nn.Linear(opt.n_filters, 2 * opt.n_filters) for _ in range(opt.n_highway))
-        self.proj = nn.Linear(opt.n_filters, opt.proj_dim)
+        # ELMoForManyLangs: a word vector joins the char-CNN's before the projection (published models: none)
+        self.word_embed = nn.Embedding(opt.word_vocab, opt.word_dim) if opt.word_dim else None
+        self.proj = nn.Linear(opt.word_dim + opt.n_filters, opt.proj_dim)
 
     def forward(self, chars: Tensor) -> Tensor:
-        """chars (N, max_chars) int -> token vectors (N, P)."""
+        """chars (N, max_chars) int, then a column of word ids (N, max_chars + 1) for a model with a word table
+        -> token vectors (N, P)."""
+        words = None
+        if self.word_embed is not None:
+            chars, words = chars[:, :-1], chars[:, -1]
         x = self.char_embed(chars).transpose(1, 2)  # (N, char_dim, max_chars)
         x = torch.cat([self.activation(conv(x).amax(dim=-1)) for conv in self.convs], dim=-1)  # (N, n_filters)
         for highway in self.highways:
             transform, carry = highway(x).chunk(2, dim=-1)
             carry = torch.sigmoid(carry)
             x = carry * torch.relu(transform) + (1.0 - carry) * x
+        if words is not None:
+            x = torch.cat([self.word_embed(words), x], dim=-1)  # (N, word_dim + n_filters)
         return self.proj(x)
 
 
@@ -141,12 +148,14 @@ class BiLM(nn.Module):
                 cell.h0.copy_(states[k][0] if states else torch.zeros_like(cell.h0))
                 cell.c0.copy_(states[k][1] if states else torch.zeros_like(cell.c0))
 
-    def forward(self, chars: Tensor) -> Tensor:
-        """chars (B, T, max_chars), sentence boundaries included, id 0 = padding -> layers (L+1, B, T, 2P)."""
-        lengths = (chars > 0).any(dim=-1).sum(dim=1)
+    def forward(self, chars: Tensor, lengths: Tensor | None = None) -> Tensor:
+        """chars (B, T, width) (`CharCNN.forward`'s rows), sentence boundaries included, rows of id 0 = padding
+        (or `lengths` (B,) given) -> layers (L+1, B, T, 2P)."""
+        if lengths is None:
+            lengths = (chars > 0).any(dim=-1).sum(dim=1)
         return self.contextualize(self.token_vectors(chars), lengths)
 
     def token_vectors(self, chars: Tensor) -> Tensor:
-        """chars (B, T, max_chars) -> the token layer x (B, T, P)."""
-        batch, steps, max_chars = chars.shape
-        return self.token_encoder(chars.reshape(batch * steps, max_chars)).view(batch, steps, -1)
+        """chars (B, T, width) -> the token layer x (B, T, P)."""
+        batch, steps, width = chars.shape
+        return self.token_encoder(chars.reshape(batch * steps, width)).view(batch, steps, -1)

@@ -6,16 +6,31 @@ import argparse
 import sys
 from pathlib import Path
 
-from model_export.export import WINDOW, ExportError, export_published
+from model_export.export import WINDOW, ExportError, export_manylangs, export_published
+from model_export.manylangs import is_manylangs
 from model_export.train import train
 
 
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="elmo-export", description="Export a published-layout ELMo (options.json + weights.hdf5) to ONNX."
+        prog="elmo-export",
+        description="Export an ELMo to ONNX: a published-layout one (bilm-tf's: --options options.json --weights "
+        "weights.hdf5, as allennlp's, bilm-tf's and NLPL's models come), or an ELMoForManyLangs folder (MODEL_DIR).",
     )
-    parser.add_argument("--options", required=True, help="options.json of the biLM")
-    parser.add_argument("--weights", required=True, help="weights.hdf5 in the published ELMo layout")
+    parser.add_argument(
+        "model_dir",
+        nargs="?",
+        help="a model folder: ELMoForManyLangs' (config.json, char.dic, word.dic, *.pkl), or one holding "
+        "options.json and weights.hdf5",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("auto", "bilm-tf", "elmoformanylangs"),
+        default="auto",
+        help="the layout of MODEL_DIR (default: told by its files)",
+    )
+    parser.add_argument("--options", help="options.json of a published-layout biLM")
+    parser.add_argument("--weights", help="weights.hdf5 in the published ELMo layout")
     parser.add_argument("--out", required=True, help="folder for model.onnx and manifest.json")
     parser.add_argument(
         "--initial-state",
@@ -26,6 +41,12 @@ def export_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--warmup-text", help="tokenized text, one sentence per line (with --initial-state warm)")
     parser.add_argument(
+        "--language",
+        default="en",
+        help="the language whose Moses rules (non-breaking prefixes) the service tokenizes text with (default en; "
+        "an ELMoForManyLangs model's language, e.g. de); clients may always send tokens instead",
+    )
+    parser.add_argument(
         "--window", type=int, default=WINDOW, help=f"positions the GPU's window graph unrolls (default {WINDOW})"
     )
     args = parser.parse_args(argv)
@@ -33,8 +54,16 @@ def export_main(argv: list[str] | None = None) -> int:
         parser.error("--initial-state warm and --warmup-text FILE go together")
     if args.window < 1:
         parser.error("--window must be at least 1")
+    layout = _layout(parser, args)
+    if layout == "elmoformanylangs" and args.warmup_text:
+        parser.error("--initial-state warm is for published-layout models")
     try:
-        manifest = export_published(args.options, args.weights, args.out, args.warmup_text, window=args.window)
+        if layout == "elmoformanylangs":
+            manifest = export_manylangs(args.model_dir, args.out, window=args.window, language=args.language)
+        else:
+            manifest = export_published(
+                args.options, args.weights, args.out, args.warmup_text, window=args.window, language=args.language
+            )
     except (ExportError, ValueError, OSError) as err:
         print(f"elmo-export: {err}", file=sys.stderr)
         return 1
@@ -47,6 +76,32 @@ def export_main(argv: list[str] | None = None) -> int:
         f"{manifest['graphs'][2]['accuracy']['min_cosine_vs_fp32']:.6f})"
     )
     return 0
+
+
+def _layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """bilm-tf or elmoformanylangs, from --format or MODEL_DIR's files; fills in --options/--weights from
+    MODEL_DIR for a published-layout folder."""
+    if args.model_dir is None:
+        if not (args.options and args.weights):
+            parser.error("give MODEL_DIR, or --options and --weights")
+        if args.format == "elmoformanylangs":
+            parser.error("--format elmoformanylangs needs MODEL_DIR")
+        return "bilm-tf"
+    if args.options or args.weights:
+        parser.error("give MODEL_DIR or --options and --weights, not both")
+    folder = Path(args.model_dir)
+    layout = args.format
+    if layout == "auto":
+        layout = "elmoformanylangs" if is_manylangs(folder) else "bilm-tf"
+    if layout == "bilm-tf":
+        weights = [folder / "weights.hdf5"] if (folder / "weights.hdf5").is_file() else sorted(folder.glob("*.hdf5"))
+        if not (folder / "options.json").is_file() or len(weights) != 1:
+            parser.error(
+                f"{folder} is neither an ELMoForManyLangs folder (config.json, char.dic, token_embedder.pkl, "
+                "encoder.pkl) nor one holding options.json and one .hdf5 weight file: give --options and --weights"
+            )
+        args.options, args.weights = folder / "options.json", weights[0]
+    return layout
 
 
 def train_main(argv: list[str] | None = None) -> int:

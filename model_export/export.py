@@ -10,6 +10,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,11 @@ import torch
 
 from model_export.bilm import BiLM
 from model_export.initial_state import mean_final_state
+from model_export.manylangs import copy_mapping, load_manylangs
 from model_export.onnx_graph import GRAPH_VERSION, OPSET, build_onnx_model, build_window_model
 from model_export.weights import load_bilm
-from service.chars import sentence_char_ids
-from service.engine import MANIFEST, Engine
+from service.engine import MANIFEST, Engine, sentence_keys
+from service.mapping import BILM_TF, BilmTfMapping, load_mapping
 
 TOLERANCE = 1e-5
 MODEL_FILE = "model.onnx"  # the Loop graph: the CPU's (measured faster there than the window graph)
@@ -52,14 +54,16 @@ def sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def torch_layers(model: BiLM, sentences: list[list[str]]) -> list[np.ndarray]:
-    """The reference: each sentence's layers from the PyTorch biLM, boundary tokens removed."""
-    max_chars = model.options.max_chars
-    chars = np.zeros((len(sentences), max(len(s) for s in sentences) + 2, max_chars), dtype=np.int64)
+def torch_layers(model: BiLM, sentences: list[list[str]], mapping=None) -> list[np.ndarray]:
+    """The reference: each sentence's layers from the PyTorch biLM, boundary tokens removed; tokens mapped to
+    ids by `mapping` (service/mapping.py; default: the published byte mapping)."""
+    mapping = mapping or BilmTfMapping(model.options.max_chars)
+    chars = np.zeros((len(sentences), max(len(s) for s in sentences) + 2, mapping.width), dtype=np.int64)
     for row, sentence in enumerate(sentences):
-        chars[row, : len(sentence) + 2] = sentence_char_ids(sentence, max_chars)
+        chars[row, : len(sentence) + 2] = [mapping.row(key) for key in sentence_keys(sentence, mapping)]
+    lengths = torch.tensor([len(s) + 2 for s in sentences])
     with torch.no_grad():
-        layers = model(torch.from_numpy(chars)).numpy()
+        layers = model(torch.from_numpy(chars), lengths).numpy()
     return [layers[:, row, 1 : len(s) + 1] for row, s in enumerate(sentences)]
 
 
@@ -82,12 +86,19 @@ def cosine_min(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 
 def export_model(
-    model: BiLM, out_dir: str | Path, sources: dict[str, Path] | None = None, window: int = WINDOW
+    model: BiLM,
+    out_dir: str | Path,
+    sources: dict[str, Path] | None = None,
+    window: int = WINDOW,
+    write_mapping: Callable[[Path], dict] | None = None,
+    language: str = "en",
 ) -> dict:
     """Write `model` to out_dir after the parity check, returns the manifest: model.onnx (the Loop graph, the
     CPU's), model_window.onnx (the window graph, `window` positions unrolled, for CUDA) and model_window_fp16.onnx
     (the same in reduced precision, opt-in). The two fp32 graphs must equal PyTorch within TOLERANCE on the CPU;
-    the fp16 graph's distance from fp32 is measured and recorded."""
+    the fp16 graph's distance from fp32 is measured and recorded. `write_mapping(folder)` writes the files of a
+    token mapping other than the published one there, and returns the manifest's `token_mapping`; `language`:
+    whose Moses rules the service tokenizes text with."""
     out_dir = Path(out_dir)
     opt = model.options
     cells = [*model.forward_lstm.layers, *model.backward_lstm.layers]
@@ -115,6 +126,8 @@ def export_model(
             "num_layers": opt.num_output_layers,
             "output_dim": opt.output_dim,
             "initial_state": initial_state,
+            "token_mapping": write_mapping(tmp) if write_mapping else {"family": BILM_TF},
+            "tokenizer": {"name": "moses", "language": language},
             "sources": {kind: {"file": Path(p).name, "sha256": sha256(p)} for kind, p in (sources or {}).items()},
             "graph_version": GRAPH_VERSION,
             "opset": OPSET,
@@ -123,7 +136,7 @@ def export_model(
             "torch_version": torch.__version__,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        want = torch_layers(model, CHECK_SENTENCES)
+        want = torch_layers(model, CHECK_SENTENCES, load_mapping(tmp, manifest))
         fp32 = None
         for graph in graphs:
             engine = Engine(tmp, provider="cpu", graph=graph["kind"], precision=graph["precision"])
@@ -151,7 +164,7 @@ def export_model(
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         out_dir.mkdir(parents=True, exist_ok=True)
-        for stale in out_dir.glob("model*.onnx*"):
+        for stale in [*out_dir.glob("model*.onnx*"), *out_dir.glob("*.dic")]:  # also an earlier export's mapping
             stale.unlink()
         for item in tmp.iterdir():
             shutil.move(str(item), out_dir / item.name)
@@ -164,13 +177,25 @@ def export_published(
     out_dir: str | Path,
     warmup_text: str | Path | None = None,
     window: int = WINDOW,
+    language: str = "en",
 ) -> dict:
     """Export a published-layout model; with `warmup_text` (tokenized, one sentence per line) every sentence
     starts from the warm state computed on it (model_export.initial_state), else from zero."""
     model = load_bilm(options_path, weights_path)
     sources = {"options": Path(options_path), "weights": Path(weights_path)}
     if warmup_text is None:
-        return export_model(model, out_dir, sources, window)
+        return export_model(model, out_dir, sources, window, language=language)
     sentences = [line.split() for line in Path(warmup_text).read_text(encoding="utf-8").splitlines() if line.strip()]
     model.set_initial_state(mean_final_state(model, sentences))
-    return export_model(model, out_dir, sources | {"warmup_text": Path(warmup_text)}, window)
+    return export_model(model, out_dir, sources | {"warmup_text": Path(warmup_text)}, window, language=language)
+
+
+def export_manylangs(folder: str | Path, out_dir: str | Path, window: int = WINDOW, language: str = "en") -> dict:
+    """Export an ELMoForManyLangs model folder (model_export/manylangs.py): its biLM, and its char.dic and word.dic
+    next to the graphs, from which the service maps tokens as that model was trained."""
+    folder = Path(folder)
+    model = load_manylangs(folder)
+    files = ("config.json", "token_embedder.pkl", "encoder.pkl", "char.dic", "word.dic")
+    sources = {name: folder / name for name in files if (folder / name).is_file()}
+    has_words = model.token_encoder.word_embed is not None
+    return export_model(model, out_dir, sources, window, lambda out: copy_mapping(folder, out, has_words), language)

@@ -21,7 +21,7 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
   left it (service/stepper.py, continuous batching). Window by window or whole, a sentence's vectors are
   the same bits (on CPU; tests/test_stepper.py).
 
-Inputs:  token_chars int32 (U, max_chars), U >= 1; cached_vectors float32 (V, P), V >= 0;
+Inputs:  token_chars int32 (U, token_width): char ids (and a word id), U >= 1; cached_vectors float32 (V, P), V >= 0;
          index_fwd, index_bwd int64 (B, T) into the U + V token vectors: each row's window of positions,
          forward, and in the sentence reversed (the backward direction's positions); lengths int64 (B,)
          (positions past lengths[b] are padding); start bool (B,): the row starts its sentence here, from the
@@ -102,11 +102,23 @@ class _Precision:
         return self.up(self.g.op("MatMul", self.down(x), w))
 
 
+def token_width(opt) -> int:
+    """Ints per token in `token_chars`: max_chars char ids, then the word id where the model has a word table."""
+    return opt.max_chars + (1 if opt.word_dim else 0)
+
+
 def _token_encoder(p: _Precision, model: BiLM, token_chars: str) -> str:
-    """(U, max_chars) char ids -> (U, P) token vectors, fp32; the same math as CharCNN.forward (its products in
+    """(U, token_width) ids -> (U, P) token vectors, fp32; the same math as CharCNN.forward (its products in
     fp16 where the precision asks for them)."""
-    g, enc = p.g, model.token_encoder
-    activation = "Relu" if model.options.activation == "relu" else "Tanh"
+    g, enc, opt = p.g, model.token_encoder, model.options
+    activation = "Relu" if opt.activation == "relu" else "Tanh"
+    words = None
+    if enc.word_embed is not None:  # the last column holds word ids (ELMoForManyLangs)
+        i64 = np.int64
+        columns = g.const([opt.max_chars], "split", i64), g.const([opt.max_chars + 1], "end", i64)
+        axis1 = g.const([1], "axis1", i64)
+        words = g.op("Squeeze", g.op("Slice", token_chars, columns[0], columns[1], axis1), axis1)  # (U,)
+        token_chars = g.op("Slice", token_chars, g.const([0], "zero", i64), columns[0], axis1)  # (U, max_chars)
     table = p.weight(_np(enc.char_embed.weight), "char_embed")
     x = g.op("Transpose", g.op("Gather", table, token_chars), perm=[0, 2, 1])  # (U, char_dim, max_chars)
     pooled = []
@@ -123,6 +135,8 @@ def _token_encoder(p: _Precision, model: BiLM, token_chars: str) -> str:
         )
         carry = g.op("Sigmoid", g.op("Gemm", x, p.weight(w_carry, "w_ca"), p.weight(b_carry, "b_ca"), transB=1))
         x = g.op("Add", g.op("Mul", carry, transform), g.op("Mul", g.op("Sub", one, carry), x))
+    if words is not None:  # (U, word_dim + n_filters)
+        x = g.op("Concat", g.op("Gather", p.weight(_np(enc.word_embed.weight), "word_embed"), words), x, axis=1)
     return p.up(
         g.op("Gemm", x, p.weight(_np(enc.proj.weight), "w_proj"), p.weight(_np(enc.proj.bias), "b_proj"), transB=1)
     )
@@ -206,7 +220,7 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     start = g.op("Unsqueeze", g.op("Gather", "start", order, axis=0), axis1)  # (B, 1)
 
     graph_inputs = [
-        helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", opt.max_chars]),
+        helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", token_width(opt)]),
         helper.make_tensor_value_info("cached_vectors", f32, ["cached", opt.proj_dim]),
         helper.make_tensor_value_info("index_fwd", TensorProto.INT64, ["batch", "time"]),
         helper.make_tensor_value_info("index_bwd", TensorProto.INT64, ["batch", "time"]),
@@ -277,7 +291,7 @@ def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onn
     every shape fixed by the inputs' shapes, so that each (rows, tokens, positions) bucket the engine feeds can
     be captured as a CUDA graph.
 
-    Inputs:  token_chars int32 (U, max_chars), cached_vectors float32 (V, P), index_fwd / index_bwd int64
+    Inputs:  token_chars int32 (U, token_width), cached_vectors float32 (V, P), index_fwd / index_bwd int64
              (B, window) into the U + V token vectors (as the Loop graph's); steps int64 (B,): the row's real
              positions in this window (<= window; 0 for a row that only pads the batch); start bool (B,): the
              row starts its sentence here, from the model's initial state; slots int64 (B,): the row's slot in
@@ -307,7 +321,7 @@ def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onn
     scatter_index = g.op("Unsqueeze", "slots", t_axis)  # (B, 1)
 
     graph_inputs = [
-        helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", opt.max_chars]),
+        helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", token_width(opt)]),
         helper.make_tensor_value_info("cached_vectors", f32, ["cached", opt.proj_dim]),
         helper.make_tensor_value_info("index_fwd", TensorProto.INT64, ["batch", window]),
         helper.make_tensor_value_info("index_bwd", TensorProto.INT64, ["batch", window]),

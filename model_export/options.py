@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+CHAR_VOCAB = 262  # the published mapping's char ids: 0 (padding) .. 261 (its padding char + 1; service/chars.py)
+
 
 @dataclass(frozen=True)
 class BiLMOptions:
@@ -23,6 +25,11 @@ class BiLMOptions:
     cell_clip: float | None
     proj_clip: float | None
     skip_connections: bool  # residual connection around every layer but the first
+    # ELMoForManyLangs' token encoder (model_export/manylangs.py); the published files have neither: the char
+    # table is the 262 byte ids, and no word table
+    char_vocab: int = CHAR_VOCAB  # rows of the char embedding table (ids 0 .. char_vocab - 1)
+    word_vocab: int = 0  # rows of a word embedding table, whose vector joins the char-CNN's before the projection
+    word_dim: int = 0
 
     @property
     def n_filters(self) -> int:
@@ -41,7 +48,7 @@ class BiLMOptions:
         """Multiply-adds per token (both directions), the measure of work used by the benchmarks."""
         cnn = sum(width * self.char_dim * n * (self.max_chars - width + 1) for width, n in self.filters)
         highway = self.n_highway * 2 * self.n_filters * self.n_filters
-        projection = self.n_filters * self.proj_dim
+        projection = (self.word_dim + self.n_filters) * self.proj_dim
         lstm = 2 * self.n_layers * (2 * self.proj_dim * 4 * self.cell_dim + self.cell_dim * self.proj_dim)
         return cnn + highway + projection + lstm
 
@@ -63,11 +70,15 @@ class BiLMOptions:
             cell_clip=_clip(lstm.get("cell_clip")),
             proj_clip=_clip(lstm.get("proj_clip")),
             skip_connections=bool(lstm.get("use_skip_connections", False)),
+            char_vocab=int(cnn.get("char_vocab", CHAR_VOCAB)),
+            word_vocab=int(d.get("word_embedding", {}).get("vocab", 0)),
+            word_dim=int(d.get("word_embedding", {}).get("dim", 0)),
         )
 
     def to_dict(self) -> dict:
-        """The published `options.json` layout."""
-        return {
+        """The published `options.json` layout (and, for a model with ELMoForManyLangs' token encoder, its char
+        table's size and its word table, which no published file has)."""
+        published = {
             "lstm": {
                 "n_layers": self.n_layers,
                 "dim": self.cell_dim,
@@ -85,6 +96,11 @@ class BiLMOptions:
                 "max_characters_per_token": self.max_chars,
             },
         }
+        if self.char_vocab != CHAR_VOCAB:
+            published["char_cnn"]["char_vocab"] = self.char_vocab
+        if self.word_dim:
+            published["word_embedding"] = {"vocab": self.word_vocab, "dim": self.word_dim}
+        return published
 
     def summary(self) -> dict:
         return asdict(self) | {"output_dim": self.output_dim, "num_output_layers": self.num_output_layers}

@@ -18,9 +18,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import Batcher, QueueFull, TooLarge
-from service.chars import token_bytes
 from service.encode import BYTES_PER_NUMBER, JSON, NPZ, Base64, answer_bytes, json_response, respond, wants_npz
 from service.engine import Engine
+from service.mapping import BILM_TF
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.mix import compose
@@ -193,7 +193,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     def _tokenize_timed(items: list) -> list[list[str]]:
         start = time.thread_time()
-        sentences = [tokenize(x) if isinstance(x, str) else x for x in items]
+        language = app.state.engine.info.language
+        sentences = [tokenize(x, language) if isinstance(x, str) else x for x in items]
         observe("tokenize", time.thread_time() - start)
         return sentences
 
@@ -340,17 +341,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     async def tokenize_sentences(body: TokenizeRequest):
         sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate)
-        max_chars = app.state.engine.info.max_chars
+        mapping = app.state.engine.mapping
         data = []
         for i, (tokens, cut) in enumerate(zip(sentences, cuts, strict=True)):
-            utf8, kept = zip(*(token_bytes(t, max_chars) for t in tokens), strict=True)
+            utf8, kept = zip(*(mapping.kept(t) for t in tokens), strict=True)
             uncut = {"truncated": False, "original_tokens": len(tokens)}  # reported with or without truncate
             data.append({"index": i, "tokens": tokens, "utf8_bytes": utf8, "kept_bytes": kept, **uncut, **cut})
         return _json(
             {
                 "model": app.state.model_name,
                 "max_tokens_per_sentence": settings.max_tokens_per_sentence,
-                "max_bytes_per_token": max_chars - 2,
+                "max_bytes_per_token": mapping.max_chars - 2 if mapping.family == BILM_TF else None,
+                "token_cut": mapping.cut,
                 "data": data,
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
             }

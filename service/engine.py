@@ -6,8 +6,9 @@ precision; the manifest says which file is which. Both take the batch as unique 
 and run a window of positions of each sentence from the state its slot in the engine's state store holds
 (`step`, service/stepper.py); `run` runs whole sentences. The char-CNN runs once per distinct token of a
 call, and not at all for tokens whose vectors the engine kept from earlier calls (`TokenCache`: exactly the
-bits it would compute again). Each sentence is wrapped in <S> ... </S>, the way the biLM was trained, and
-the boundary positions are cut off again before the vectors are returned.
+bits it would compute again). Each sentence is wrapped in its model family's boundary tokens (<S> ... </S>, or
+<bos> ... <eos>: service/mapping.py), the way the biLM was trained, and the boundary positions are cut off again
+before the vectors are returned.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids
+from service.mapping import BilmTfMapping, ManyLangsMapping, load_mapping
 
 log = logging.getLogger("elmo.engine")
 MANIFEST = "manifest.json"
@@ -42,27 +43,27 @@ GRAPH_VERSION = 6
 class TokenCache:
     """Token vectors (the char-CNN's output) of recently seen tokens, at most `size`, least recent out first.
 
-    A token's vector depends on its char ids alone (see `char_key`, the cache's key: at most 48 bytes however
-    long the token), and the graph computes it with the same bits in any batch, so a cached vector equals a
-    recomputed one exactly: the cache saves the char-CNN's share of the work (about a quarter of the model)
-    for frequent words and changes no output."""
+    A token's vector depends on its row alone (the cache's key is the mapping's `key`: at most 48 bytes or
+    characters however long the token; service/mapping.py), and the graph computes it with the same bits in any
+    batch, so a cached vector equals a recomputed one exactly: the cache saves the char-CNN's share of the work
+    (about a quarter of the model) for frequent words and changes no output."""
 
     def __init__(self, size: int):
         self.size = size
-        self._vectors: OrderedDict[str | bytes, np.ndarray] = OrderedDict()
+        self._vectors: OrderedDict[Hashable, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._vectors)
 
-    def get(self, key: str | bytes) -> np.ndarray | None:
+    def get(self, key: Hashable) -> np.ndarray | None:
         with self._lock:
             vector = self._vectors.get(key)
             if vector is not None:
                 self._vectors.move_to_end(key)
             return vector
 
-    def put(self, key: str | bytes, vector: np.ndarray) -> None:
+    def put(self, key: Hashable, vector: np.ndarray) -> None:
         if self.size <= 0:
             return
         with self._lock:
@@ -72,22 +73,26 @@ class TokenCache:
                 self._vectors.popitem(last=False)
 
 
-def sentence_keys(sentence: Sequence[str], max_chars: int) -> list[str | bytes]:
-    """The sentence as the biLM reads it: <S>, each token's `char_key`, </S>."""
-    return [BOS_TOKEN, *(char_key(token, max_chars) for token in sentence), EOS_TOKEN]
+Mapping = BilmTfMapping | ManyLangsMapping
 
 
-Window = tuple[Sequence[str | bytes], int, int]  # a sentence's keys (`sentence_keys`), first position, positions
+def sentence_keys(sentence: Sequence[str], mapping: Mapping) -> list[Hashable]:
+    """The sentence as the biLM reads it: the begin boundary, each token's key (service/mapping.py), the end one."""
+    begin, end = mapping.boundaries
+    return [begin, *(mapping.key(token) for token in sentence), end]
+
+
+Window = tuple[Sequence[Hashable], int, int]  # a sentence's keys (`sentence_keys`), first position, positions
 
 
 def encode_windows(
     windows: Sequence[Window],
-    max_chars: int,
+    mapping: Mapping,
     dim: int,
     cache: TokenCache | None = None,
     shape: tuple[int, int] | None = None,
     bucketed: bool = False,
-) -> tuple[dict[str, np.ndarray], dict[str | bytes, int]]:
+) -> tuple[dict[str, np.ndarray], dict[Hashable, int]]:
     """The graph's token inputs for a window of positions of each sentence, and what it will encode
     (`char_key` -> row of `token_vectors`).
 
@@ -95,11 +100,11 @@ def encode_windows(
     appears once (tokens that differ only past the kept bytes share one): encoded from its chars
     (`token_chars`), or taken from the cache (`cached_vectors`); at least one row is encoded. `shape`
     (rows, steps) pads the index inputs to that shape (the window graph's bucket), and `bucketed` pads the
-    encoded and the cached tokens to a `bucket` size (rows of char id 0 and zero vectors, never read)."""
+    encoded and the cached tokens to a `bucket` size (rows of id 0 and zero vectors, never read)."""
     forward = [keys[first : first + n] for keys, first, n in windows]
     backward = [keys[len(keys) - first - n : len(keys) - first][::-1] for keys, first, n in windows]
-    encode: dict[str | bytes, int] = {}
-    cached: dict[str | bytes, int] = {}
+    encode: dict[Hashable, int] = {}
+    cached: dict[Hashable, int] = {}
     cached_vectors: list[np.ndarray] = []
     for key in itertools.chain(*forward, *backward):
         if key in encode or key in cached:
@@ -111,10 +116,10 @@ def encode_windows(
             cached[key] = len(cached_vectors)
             cached_vectors.append(vector)
     if not encode:  # the graph's char-CNN needs a row
-        encode[BOS_TOKEN] = 0
-    chars = np.stack([key_char_ids(key, max_chars) for key in encode])
+        encode[mapping.boundaries[0]] = 0
+    chars = np.stack([mapping.row(key) for key in encode])
     if bucketed:
-        chars = np.concatenate([chars, np.zeros((bucket(len(chars)) - len(chars), max_chars), np.int32)])
+        chars = np.concatenate([chars, np.zeros((bucket(len(chars)) - len(chars), mapping.width), np.int32)])
         cached_vectors += [np.zeros(dim, np.float32)] * (bucket(len(cached_vectors)) - len(cached_vectors))
     offset = len(chars)  # the indices count the encoded rows first, then the cached ones
 
@@ -263,6 +268,12 @@ class ModelInfo:
     max_chars: int
     token_dim: int  # size of the char-CNN's token vector (half of dim)
     graphs: tuple[Graph, ...]
+    mapping: Mapping  # token -> the row of ints the graph reads (service/mapping.py)
+
+    @property
+    def language(self) -> str:
+        """Whose Moses rules the service tokenizes text with (service/tokenize.py; an older export: English)."""
+        return self.manifest.get("tokenizer", {}).get("language", "en")
 
     def graph(self, kind: str, precision: str) -> Graph:
         for graph in self.graphs:
@@ -301,7 +312,11 @@ def read_manifest(model_dir: str | Path) -> ModelInfo:
     for graph in graphs:
         if not graph.file.is_file():
             raise FileNotFoundError(f"{graph.file} not found: the manifest in {model_dir} names it")
-    return ModelInfo(manifest, *fields, graphs)
+    try:
+        mapping = load_mapping(model_dir, manifest)
+    except (KeyError, TypeError) as err:
+        raise _not_a_manifest(path, err) from None
+    return ModelInfo(manifest, *fields, graphs, mapping)
 
 
 def _not_a_manifest(path: Path, err: Exception) -> ValueError:
@@ -390,6 +405,10 @@ class Engine:
     def dim(self) -> int:
         return self.info.dim
 
+    @property
+    def mapping(self) -> Mapping:
+        return self.info.mapping
+
     def _new_store(self, slots: int) -> dict:
         """Each state's rows by slot: numpy arrays for the Loop graph, ONNX Runtime values (on the device where
         there is one) for the window graph, which reads one store and writes the other."""
@@ -402,7 +421,7 @@ class Engine:
         """Each sentence's layers, (num_layers, n_tokens, dim) float32, boundary tokens removed."""
         results = []
         for first in range(0, len(sentences), self.max_rows):
-            chunk = [sentence_keys(s, self.info.max_chars) for s in sentences[first : first + self.max_rows]]
+            chunk = [sentence_keys(s, self.mapping) for s in sentences[first : first + self.max_rows]]
             layers = [np.empty((self.num_layers, len(keys), self.dim), np.float32) for keys in chunk]
             slots, done = np.arange(1, len(chunk) + 1), 0
             while done < max(map(len, chunk)):  # whole sentences in one call, or window after window
@@ -424,12 +443,12 @@ class Engine:
         else:
             fwd, bwd, token_vectors, encoded = self._step_loop(windows, start, slots)
         for key, row in encoded.items():
-            if key not in (BOS_TOKEN, EOS_TOKEN):  # never looked up in the cache
+            if key not in self.mapping.boundaries:  # never looked up in the cache
                 self.token_cache.put(key, token_vectors[row].copy())
         return fwd, bwd
 
     def _step_loop(self, windows, start, slots):
-        feeds, encoded = encode_windows(windows, self.info.max_chars, self.info.token_dim, self.token_cache)
+        feeds, encoded = encode_windows(windows, self.mapping, self.info.token_dim, self.token_cache)
         feeds["start"] = start
         for name, rows in self._store.items():
             feeds[name] = rows[slots]
@@ -444,7 +463,7 @@ class Engine:
     def _step_window(self, windows, start, slots):
         rows, window = bucket(len(windows), 1, self.max_rows), self.window
         feeds, encoded = encode_windows(
-            windows, self.info.max_chars, self.info.token_dim, self.token_cache, shape=(rows, window), bucketed=True
+            windows, self.mapping, self.info.token_dim, self.token_cache, shape=(rows, window), bucketed=True
         )
         steps = feeds.pop("lengths")
         n = int(steps.sum())

@@ -89,9 +89,7 @@ class TokenizedSentence(BaseModel):
     index: int
     tokens: list[str] = Field(..., description="the tokens /embed reads (after any cut), as it echoes them")
     utf8_bytes: list[int] = Field(..., description="each token's UTF-8 bytes")
-    kept_bytes: list[int] = Field(
-        ..., description="how many of those (the first ones) the char mapping keeps: at most max_bytes_per_token"
-    )
+    kept_bytes: list[int] = Field(..., description="how many of those (the first ones) the model reads: see token_cut")
     truncated: bool = Field(..., description="whether the sentence was cut to max_tokens_per_sentence (truncate)")
     original_tokens: int = Field(..., description="the sentence's tokens before any cut")
 
@@ -99,7 +97,12 @@ class TokenizedSentence(BaseModel):
 class TokenizeResponse(BaseModel):
     model: str
     max_tokens_per_sentence: int
-    max_bytes_per_token: int = Field(..., description="max_characters_per_token - 2 (the begin/end-of-word marks)")
+    max_bytes_per_token: int | None = Field(
+        ...,
+        description="max_characters_per_token - 2 (the begin/end-of-word marks) for a model that reads bytes "
+        "(bilm-tf's family); null for one that reads characters (ELMoForManyLangs)",
+    )
+    token_cut: str = Field(..., description="what of a long token the model reads, e.g. 'the first 48 UTF-8 bytes'")
     data: list[TokenizedSentence]
     usage: Usage
 

@@ -67,7 +67,7 @@ class Stepper:
         if len(sentences) > self.room:
             raise ValueError(f"{len(sentences)} sentences cannot join: room for {self.room}")
         for sentence, tag in zip(sentences, tags, strict=True):
-            keys = sentence_keys(sentence, info.max_chars)
+            keys = sentence_keys(sentence, info.mapping)
             self.rows.append(Row(tag, keys, info.num_layers, info.dim, self._free.pop()))
 
     def step(self, window: int | None = None) -> list[Row]:

@@ -15,14 +15,15 @@ _ASCII_JUNK = re.compile(r"[\x00-\x1f]")  # what Moses deletes once whitespace i
 _PIECE = re.compile(rf"[{MosesTokenizer.IsAlnum}]+|[^{MosesTokenizer.IsAlnum}\s]")
 
 
-@lru_cache(maxsize=1)
-def _moses() -> MosesTokenizer:
-    return MosesTokenizer(lang="en")
+@lru_cache(maxsize=8)
+def _moses(language: str) -> MosesTokenizer:
+    return MosesTokenizer(lang=language)  # its non-breaking prefixes ("Dr.", "z.B."); an unknown language: none
 
 
-def tokenize(text: str) -> list[str]:
+def tokenize(text: str, language: str = "en") -> list[str]:
+    """Moses' tokens of `text`, with the non-breaking prefixes of `language` (the model's, from its manifest)."""
     # escape=False: keep `"` and `&` as they are, not as HTML entities, so tokens read like the text.
-    return _moses().tokenize(text, escape=False, aggressive_dash_splits=False)
+    return _moses(language).tokenize(text, escape=False, aggressive_dash_splits=False)
 
 
 def min_tokens(text: str) -> int:

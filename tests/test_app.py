@@ -302,6 +302,7 @@ def test_tokenize_shows_the_tokens_and_the_bytes_the_model_reads(client):
     assert response.status_code == 200, response.text
     body = response.json()
     assert (body["max_tokens_per_sentence"], body["max_bytes_per_token"]) == (MAX_TOKENS, 48)
+    assert body["token_cut"] == "the first 48 UTF-8 bytes"
     assert body["usage"] == {"sentences": 2, "tokens": 7}
     assert body["data"] == [
         {"index": 0, "tokens": HELLO, "utf8_bytes": [5, 1, 5, 1], "kept_bytes": [5, 1, 5, 1], "truncated": False,

@@ -15,16 +15,19 @@ from service.engine import (
     read_manifest,
     sentence_keys,
 )
+from service.mapping import BilmTfMapping
+
+BYTES = BilmTfMapping(50)  # the published byte mapping
 
 
 def whole(*sentences) -> list:
     """Windows covering each whole sentence, as Engine.run feeds them."""
-    keys = [sentence_keys(s, 50) for s in sentences]
+    keys = [sentence_keys(s, BYTES) for s in sentences]
     return [(k, 0, len(k)) for k in keys]
 
 
 def test_feeds_hold_each_distinct_token_once():
-    feeds, encoded = encode_windows(whole(["a", "b", "a"], ["b"]), max_chars=50, dim=16)
+    feeds, encoded = encode_windows(whole(["a", "b", "a"], ["b"]), mapping=BYTES, dim=16)
     # <S>, a, b, </S>: keyed by what their char ids depend on (see char_key)
     assert encoded == {"<S>": 0, b"a": 1, b"b": 2, "</S>": 3}
     assert feeds["token_chars"].shape == (4, 50) and feeds["cached_vectors"].shape == (0, 16)
@@ -35,8 +38,8 @@ def test_feeds_hold_each_distinct_token_once():
 
 
 def test_a_window_reads_its_positions_forward_and_in_the_sentence_reversed():
-    keys = sentence_keys(["a", "b", "c", "d"], 50)  # <S> a b c d </S>
-    feeds, encoded = encode_windows([(keys, 2, 3)], max_chars=50, dim=16)
+    keys = sentence_keys(["a", "b", "c", "d"], BYTES)  # <S> a b c d </S>
+    feeds, encoded = encode_windows([(keys, 2, 3)], mapping=BYTES, dim=16)
     names = {row: key for key, row in encoded.items()}
     assert [names[i] for i in feeds["index_fwd"][0]] == [b"b", b"c", b"d"]  # positions 2, 3, 4
     assert [names[i] for i in feeds["index_bwd"][0]] == [b"c", b"b", b"a"]  # reversed positions 2, 3, 4
@@ -45,7 +48,7 @@ def test_a_window_reads_its_positions_forward_and_in_the_sentence_reversed():
 def test_cached_tokens_are_not_encoded_again():
     cache = TokenCache(10)
     cache.put(b"b", np.full(16, 7, np.float32))
-    feeds, encoded = encode_windows(whole(["a", "b", "a"], ["b"]), max_chars=50, dim=16, cache=cache)
+    feeds, encoded = encode_windows(whole(["a", "b", "a"], ["b"]), mapping=BYTES, dim=16, cache=cache)
     assert encoded == {"<S>": 0, b"a": 1, "</S>": 2}  # "b" comes from the cache, after the 3 encoded rows
     assert feeds["cached_vectors"].tolist() == [[7.0] * 16]
     assert feeds["index_fwd"].tolist() == [[0, 1, 3, 1, 2], [0, 3, 2, 0, 0]]
@@ -54,7 +57,7 @@ def test_cached_tokens_are_not_encoded_again():
 def test_a_window_of_cached_tokens_still_encodes_a_row():
     cache = TokenCache(10)
     cache.put(b"a", np.full(16, 7, np.float32))
-    feeds, encoded = encode_windows([(sentence_keys(["a", "a"], 50), 1, 2)], max_chars=50, dim=16, cache=cache)
+    feeds, encoded = encode_windows([(sentence_keys(["a", "a"], BYTES), 1, 2)], mapping=BYTES, dim=16, cache=cache)
     assert len(encoded) == 1 and feeds["token_chars"].shape == (1, 50)  # the graph's char-CNN needs a row
     assert feeds["index_fwd"].tolist() == [[1, 1]]
 
@@ -62,7 +65,7 @@ def test_a_window_of_cached_tokens_still_encodes_a_row():
 def test_tokens_alike_in_their_kept_bytes_are_encoded_once():
     # A million characters cost the feeds and the cache 48 bytes: the mapping keeps no more.
     huge, other = "x" * 1_000_000, "x" * 48 + "tail"
-    feeds, encoded = encode_windows(whole([huge, other, "<S>"]), max_chars=50, dim=16)
+    feeds, encoded = encode_windows(whole([huge, other, "<S>"]), mapping=BYTES, dim=16)
     assert encoded == {"<S>": 0, b"x" * 48: 1, "</S>": 2}  # a "<S>" token is the boundary, as published
     np.testing.assert_array_equal(feeds["token_chars"][1], token_char_ids(huge))
     assert feeds["index_fwd"].tolist() == [[0, 1, 1, 0, 2]]

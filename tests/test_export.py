@@ -103,7 +103,7 @@ def test_large_models_use_external_data(tiny_bilm, tmp_path, monkeypatch):
 
 def test_export_fails_loudly_when_onnx_disagrees(tiny_bilm, tmp_path, monkeypatch):
     real = export_module.torch_layers
-    monkeypatch.setattr(export_module, "torch_layers", lambda m, s: [x + 1e-4 for x in real(m, s)])
+    monkeypatch.setattr(export_module, "torch_layers", lambda m, s, k: [x + 1e-4 for x in real(m, s, k)])
     with pytest.raises(ExportError, match="differs"):
         export_model(tiny_bilm, tmp_path / "out")
     assert not (tmp_path / "out" / "model.onnx").exists()
