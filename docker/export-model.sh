@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Export the biLM in SOURCE_DIR (its options.json and weights.hdf5, as published: one *options*.json and one
-# *weights*.hdf5) to OUT_DIR with elmo-export. The image's build stage runs this to bake a model in.
+# *weights*.hdf5; or an ELMoForManyLangs folder) to OUT_DIR with elmo-export. The image's build stage runs this to bake a model in.
 #
 #   docker/export-model.sh SOURCE_DIR OUT_DIR
 #
@@ -26,6 +26,12 @@ if [ -n "${OPTIONS_URL:-}${WEIGHTS_URL:-}" ]; then
     }
     download "$OPTIONS_URL" "$source_dir/options.json"
     download "$WEIGHTS_URL" "$source_dir/weights.hdf5"
+fi
+
+# An ELMoForManyLangs folder (config.json, char.dic, word.dic, *.pkl): elmo-export tells it by its files.
+if [ -f "$source_dir/char.dic" ] && [ -f "$source_dir/encoder.pkl" ]; then
+    # shellcheck disable=SC2086  # EXPORT_ARGS is a list of flags
+    exec "$python" -m model_export.cli "$source_dir" --format elmoformanylangs --out "$out" ${EXPORT_ARGS:-}
 fi
 
 shopt -s nullglob

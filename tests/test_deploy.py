@@ -209,6 +209,13 @@ def test_image_export_step_writes_a_model(tiny_dir, tmp_path):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["num_layers"] == 3
 
 
+def test_image_export_step_exports_an_elmoformanylangs_folder(tmp_path):
+    run = export_script(tmp_path, ROOT / "tests" / "fixtures" / "elmoformanylangs-tiny")
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["token_mapping"]["family"] == "elmoformanylangs" and (tmp_path / "out" / "word.dic").is_file()
+
+
 def test_image_export_step_downloads_and_names_what_is_missing(tiny_dir, tmp_path):
     # A stand-in for elmo-export (first on the module path from cwd) shows what the script passes on.
     (tmp_path / "model_export").mkdir()
