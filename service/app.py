@@ -17,7 +17,6 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import served
 from service.batcher import QueueFull, TooLarge
 from service.chars import token_bytes
 from service.encode import BYTES_PER_NUMBER, JSON, NPZ, Base64, answer_bytes, json_response, respond, wants_npz
@@ -36,7 +35,7 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from service.served import ServedModel, UnknownModel
+from service.served import ServedModel, ServedModels, UnknownModel, load_models
 from service.settings import Settings
 from service.tokenize import max_tokens, min_tokens, tokenize
 
@@ -65,7 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        models = served.load(settings, metrics)  # every model, or a RuntimeError naming the one that failed
+        models = load_models(settings, metrics)  # every model, or a RuntimeError naming the one that failed
         app.state.models = models
         await models.start()  # each warmed: readiness covers them all
         app.state.ready = True
@@ -136,13 +135,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail = f"{exc.field}: {exc}" if exc.field else str(exc)
         return _json({"detail": detail}, status=exc.status, headers=exc.headers)
 
+    def served_models() -> ServedModels:
+        models = getattr(app.state, "models", None)
+        if models is None:  # not loaded yet (uvicorn serves nothing before the lifespan has started)
+            raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
+        return models
+
     def model_named(name: str | None) -> ServedModel:
         """The model a request names (None: the default), or 404 naming those served."""
-        models = getattr(app.state, "models", None)
-        if models is None:
-            raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
         try:
-            return models.get(name)
+            return served_models().get(name)
         except UnknownModel as err:
             raise ApiError(404, str(err), "model") from None
 
@@ -414,16 +416,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             }
         )
 
-    def model_object(model: ServedModel) -> dict:
-        return {
-            "id": model.name,
-            "object": "model",
-            "created": model.created,
-            "owned_by": "elmo-service",
-            "dim": model.dim,
-            "num_layers": model.num_layers,
-        }
-
     @app.get(
         "/v1/models",
         response_model=ModelList,
@@ -431,10 +423,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="OpenAI-style: the models served, the default first",
     )
     async def list_models():
-        models = getattr(app.state, "models", None)
-        if models is None:
-            raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
-        return _json({"object": "list", "data": [model_object(m) for m in models]})
+        return _json({"object": "list", "data": [_model_object(m) for m in served_models()]})
 
     @app.get(
         "/v1/models/{model_id}",
@@ -443,7 +432,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="OpenAI-style: one model served",
     )
     async def retrieve_model(model_id: str):
-        return _json(model_object(model_named(model_id)))
+        return _json(_model_object(model_named(model_id)))
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def prometheus():
@@ -471,6 +460,18 @@ def _described(model: ServedModel) -> dict:
         "precision": engine.graph.precision,
         "graph": engine.graph.entry,
         "manifest": engine.info.manifest,
+    }
+
+
+def _model_object(model: ServedModel) -> dict:
+    """A model as OpenAI's /v1/models lists one, with its shape."""
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": model.created,
+        "owned_by": "elmo-service",
+        "dim": model.dim,
+        "num_layers": model.num_layers,
     }
 
 

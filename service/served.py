@@ -87,7 +87,7 @@ class ServedModels:
         await asyncio.gather(*(model.batcher.stop() for model in self))
 
 
-def load(settings: Settings, metrics: Metrics) -> ServedModels:
+def load_models(settings: Settings, metrics: Metrics) -> ServedModels:
     """Every model of `settings.models`, each with an Engine (intra_op_threads each), a Stepper and a Batcher of its
     own. A model that cannot be loaded stops the start with a RuntimeError naming it and its folder."""
     served = []
