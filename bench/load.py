@@ -51,9 +51,9 @@ def bulk_tokens_per_s(model: Path, sentences: list[list[str]], threads: int) -> 
 
 
 def engine_metrics(base: str) -> tuple[float, float]:
-    """(batches, engine seconds) so far, from the server's /metrics."""
+    """(batches, engine seconds) so far, from the server's /metrics (every model's together)."""
     text = httpx.get(f"{base}/metrics").text
-    value = lambda name: float(re.search(rf"^{name} (\S+)", text, re.M).group(1))  # noqa: E731
+    value = lambda name: sum(float(v) for v in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)", text, re.M))  # noqa: E731
     return value("elmo_inference_seconds_count"), value("elmo_inference_seconds_sum")
 
 

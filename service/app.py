@@ -17,9 +17,8 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.batcher import Batcher, QueueFull, TooLarge
+from service.batcher import QueueFull, TooLarge
 from service.encode import BYTES_PER_NUMBER, JSON, NPZ, Base64, answer_bytes, json_response, respond, wants_npz
-from service.engine import Engine
 from service.mapping import BILM_TF
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
@@ -29,18 +28,20 @@ from service.schemas import (
     EmbedRequest,
     EmbedResponse,
     ErrorResponse,
+    ModelList,
+    ModelObject,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
-from service.settings import Settings, default_batch_tokens
-from service.stepper import Stepper
+from service.served import ServedModel, ServedModels, UnknownModel, load_models
+from service.settings import Settings
 from service.tokenize import max_tokens, min_tokens, tokenize
 
 log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
-ERRORS = {code: {"model": ErrorResponse} for code in (401, 413, 422, 503)}
+ERRORS = {code: {"model": ErrorResponse} for code in (401, 404, 413, 422, 503)}  # 404: an unknown `model`
 MAX_ERRORS = 10  # a body with 100 000 wrong tokens is told about the first few, not in a 10 MB answer
 MAX_NAME = 64  # characters of a field name in an answer: an unknown field may be a megabyte long
 
@@ -63,42 +64,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        try:
-            engine = Engine(
-                settings.model_dir,
-                settings.provider,
-                settings.intra_op_threads,
-                settings.inter_op_threads,
-                settings.token_cache,
-                precision=settings.precision,
-                device_id=settings.device_id,
-                cuda_graphs=settings.cuda_graphs,
-                max_rows=settings.max_rows,
-            )
-        except Exception as err:  # a corrupt model file, most likely: say so, and never serve half-ready
-            message = f"cannot load the model from {settings.model_dir}: {type(err).__name__}: {err}"
-            log.error(message)
-            raise RuntimeError(message) from None
-        # unset: the provider's default (a GPU wants far more tokens in flight than 2 CPU cores)
-        app.state.batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
-        batcher = Batcher(
-            engine.run,
-            Stepper(engine, settings.window),
-            app.state.batch_tokens,
-            settings.max_wait_ms / 1000,
-            settings.queue_tokens,
-            on_batch=metrics.observe_batch,
-            gather_s=settings.gather_ms / 1000,
-        )
-        app.state.engine, app.state.batcher = engine, batcher
-        app.state.model_name = settings.model_name or settings.model_dir.name
-        batcher.start()
-        await batcher.embed([["Warm", "-", "up", "."]])  # first run allocates; answer no one with it
+        models = load_models(settings, metrics)  # every model, or a RuntimeError naming the one that failed
+        app.state.models = models
+        await models.start()  # each warmed: readiness covers them all
         app.state.ready = True
-        log.info("serving %s (%s) on %s", settings.model_dir, engine.provider, f"{settings.host}:{settings.port}")
+        for model in models:
+            log.info("serving %s from %s (%s)", model.name, model.folder, model.engine.provider)
+        log.info("listening on %s", f"{settings.host}:{settings.port}")
         yield
         app.state.ready = False
-        await batcher.stop()  # after every request in flight was answered: nothing is queued any more
+        await models.stop()  # after every request in flight was answered: nothing is queued any more
         log.info("stopped")
 
     app = FastAPI(
@@ -108,7 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings, app.state.metrics = settings, metrics
-    app.state.ready = False  # the engine is loaded and warm, and the batcher runs
+    app.state.ready = False  # every model's engine is loaded and warm, and its batcher runs
     app.state.draining = False  # a stop signal came: not ready for more, but finishing what is in flight
     # Outermost last: metrics see every answer; CORS answers preflights (which carry no key) and puts its
     # headers on a 401 too; keys are checked before a body is read.
@@ -160,15 +135,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail = f"{exc.field}: {exc}" if exc.field else str(exc)
         return _json({"detail": detail}, status=exc.status, headers=exc.headers)
 
-    async def embed_tokens(request: Request, sentences: list[list[str]], field: str) -> list[np.ndarray]:
-        """Queue the sentences, and drop them if the client goes away before they ran. While draining, a
-        request that got in is still served: the server stopped accepting connections already."""
+    def served_models() -> ServedModels:
+        models = getattr(app.state, "models", None)
+        if models is None:  # not loaded yet (uvicorn serves nothing before the lifespan has started)
+            raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
+        return models
+
+    def model_named(name: str | None) -> ServedModel:
+        """The model a request names (None: the default), or 404 naming those served."""
+        try:
+            return served_models().get(name)
+        except UnknownModel as err:
+            raise ApiError(404, str(err), "model") from None
+
+    async def embed_tokens(
+        request: Request, model: ServedModel, sentences: list[list[str]], field: str
+    ) -> list[np.ndarray]:
+        """Queue the sentences on the model's queue, and drop them if the client goes away before they ran. While
+        draining, a request that got in is still served: the server stopped accepting connections already."""
         if not app.state.ready:
             raise ApiError(503, "not ready (starting or stopped)", headers=_retry(settings))
         if settings.log_request_text:  # off by default: request text never reaches the logs
-            log.info("%s %s", request.url.path, sentences)
+            log.info("%s %s %s", request.url.path, model.name, sentences)
         started = time.perf_counter()
-        task = asyncio.ensure_future(app.state.batcher.embed(sentences))
+        task = asyncio.ensure_future(model.batcher.embed(sentences))
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if done:
@@ -182,18 +172,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return results
         except TooLarge as err:
             raise ApiError(413, str(err), field) from None
-        except QueueFull as err:
-            metrics.rejected.inc()
-            raise ApiError(503, f"overloaded: {err}; retry later", headers=_retry(settings)) from None
+        except QueueFull as err:  # this model's queue: the other models' are their own
+            metrics.rejected.labels(model.name).inc()
+            raise ApiError(
+                503, f"overloaded: model {model.name}'s {err}; retry later", headers=_retry(settings)
+            ) from None
         except Exception as err:
             log.exception("engine batch failed")
             raise ApiError(503, f"inference failed ({type(err).__name__}); retry", headers=_retry(settings)) from None
 
     observe = metrics.observe_stage
 
-    def _tokenize_timed(items: list) -> list[list[str]]:
+    def _tokenize_timed(items: list, language: str) -> list[list[str]]:
         start = time.thread_time()
-        language = app.state.engine.info.language
         sentences = [tokenize(x, language) if isinstance(x, str) else x for x in items]
         observe("tokenize", time.thread_time() - start)
         return sentences
@@ -203,12 +194,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if read is not None:
             observe("parse", time.thread_time() - read)
 
-    async def tokenized(items: list, field: str, truncate: bool = False) -> tuple[list[list[str]], list[dict]]:
-        """The request's sentences as tokens, within the limits, and what each item reports of its cut
-        (`_truncate`). Refused (413) on cheap counts first, so an oversized request costs no tokenization;
-        strings are tokenized off the event loop (Moses takes seconds on a long text, and the loop must keep
-        answering everyone else). With `truncate`, a sentence over the tokens-per-sentence limit is not refused
-        but cut to it."""
+    async def tokenized(items: list, field: str, truncate: bool, language: str) -> tuple[list[list[str]], list[dict]]:
+        """The request's sentences as tokens (texts by the Moses rules of `language`, the model's), within the
+        limits, and what each item reports of its cut (`_truncate`). Refused (413) on cheap counts first, so an
+        oversized request costs no tokenization; strings are tokenized off the event loop (Moses takes seconds on a
+        long text, and the loop must keep answering everyone else). With `truncate`, a sentence over the
+        tokens-per-sentence limit is not refused but cut to it."""
         if len(items) > settings.max_sentences:
             raise ApiError(413, f"{len(items)} sentences; the limit is {settings.max_sentences} per request", field)
         for i, x in enumerate(items):
@@ -222,11 +213,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 limit = settings.max_tokens_per_sentence
                 raise ApiError(413, f"{counted} tokens; the limit is {limit}", f"{field}[{i}]")
         at_most = _at_most(items, settings.max_tokens_per_sentence, field, truncate)  # before Moses reads a text
-        if (total := sum(at_most) + 2 * len(items)) > settings.queue_tokens:
+        if (total := sum(at_most) + 2 * len(items)) > settings.queue_tokens:  # every model's queue holds as many
             raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
         sentences = items
         if any(isinstance(x, str) for x in items):
-            sentences = await asyncio.to_thread(_tokenize_timed, items)
+            sentences = await asyncio.to_thread(_tokenize_timed, items, language)
         for i, tokens in enumerate(sentences):
             if not tokens:
                 raise ApiError(422, "empty sentence", f"{field}[{i}]")
@@ -238,9 +229,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 )
         return _truncate(sentences, settings.max_tokens_per_sentence, truncate)
 
-    def answer_size(sentences: list[list[str]], outputs: int, pooled: bool, encoding: str, field: str, ways_out: str):
-        """The answer's size, estimated before the engine runs: 413 over the limit, naming the ways out."""
-        dim = app.state.engine.dim
+    def answer_size(
+        dim: int, sentences: list[list[str]], outputs: int, pooled: bool, encoding: str, field: str, ways_out: str
+    ) -> int:
+        """The answer's size for vectors of `dim`, estimated before the engine runs: 413 over the limit, naming the
+        ways out."""
         size = answer_bytes([len(s) for s in sentences], dim, outputs, pooled, encoding)
         if size > settings.max_answer_bytes:
             vectors = len(sentences) if pooled else sum(map(len, sentences))
@@ -268,16 +261,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     async def embed(body: EmbedRequest, request: Request):
         observe_parse(request)
+        model = model_named(body.model)
         npz = wants_npz(request.headers.get("accept", ""))
         encoding = "npz" if npz else body.encoding
-        num_layers = app.state.engine.num_layers
+        num_layers = model.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
-        sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate)
+        sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate, model.engine.info.language)
         outputs = len(mixes) or (num_layers if layer_ids is None else len(layer_ids))
         smaller = "" if npz else '"encoding": "base64", '  # the .npz is already the smallest encoding
         ways_out = f'"pooling": "mean", {smaller}fewer layers or mixes, or fewer sentences per request'
-        size = answer_size(sentences, outputs, body.pooling == "mean", encoding, "sentences", ways_out)
-        results = await embed_tokens(request, sentences, "sentences")
+        size = answer_size(model.dim, sentences, outputs, body.pooling == "mean", encoding, "sentences", ways_out)
+        results = await embed_tokens(request, model, sentences, "sentences")
 
         def answer() -> dict:
             data = []
@@ -287,8 +281,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 embedding = Base64(out) if encoding == "base64" else out
                 data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
             return {
-                "model": app.state.model_name,
-                "dim": app.state.engine.dim,
+                "model": model.name,
+                "dim": model.dim,
                 "num_layers": num_layers,
                 "data": data,
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},
@@ -305,17 +299,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
         observe_parse(request)
+        model = model_named(body.model)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise ApiError(422, "empty list", "input")
-        dim = app.state.engine.dim
+        dim = model.dim
         if body.dimensions is not None and body.dimensions != dim:  # ignoring it would hand back the wrong size
             raise ApiError(422, f"{body.dimensions} asked for; this model's vectors have {dim}", "dimensions")
-        sentences, cuts = await tokenized(texts, "input", body.truncate)
+        sentences, cuts = await tokenized(texts, "input", body.truncate, model.engine.info.language)
         ways_out = '"encoding_format": "base64", or fewer inputs per request'
-        size = answer_size(sentences, 1, True, body.encoding_format, "input", ways_out)
-        results = await embed_tokens(request, sentences, "input")
-        default_mix = [([0.0] * app.state.engine.num_layers, 1.0, "softmax", False)]
+        size = answer_size(dim, sentences, 1, True, body.encoding_format, "input", ways_out)
+        results = await embed_tokens(request, model, sentences, "input")
+        default_mix = [([0.0] * model.num_layers, 1.0, "softmax", False)]
 
         def answer() -> dict:
             data = []
@@ -327,7 +322,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return {
                 "object": "list",
                 "data": data,
-                "model": app.state.model_name,
+                "model": model.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
 
@@ -340,8 +335,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="the tokens /embed reads from the same sentences, and the bytes of each that the model reads",
     )
     async def tokenize_sentences(body: TokenizeRequest):
-        sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate)
-        mapping = app.state.engine.mapping
+        model = model_named(body.model)
+        sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate, model.engine.info.language)
+        mapping = model.engine.mapping
         data = []
         for i, (tokens, cut) in enumerate(zip(sentences, cuts, strict=True)):
             utf8, kept = zip(*(mapping.kept(t) for t in tokens), strict=True)
@@ -349,7 +345,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             data.append({"index": i, "tokens": tokens, "utf8_bytes": utf8, "kept_bytes": kept, **uncut, **cut})
         return _json(
             {
-                "model": app.state.model_name,
+                "model": model.name,
                 "max_tokens_per_sentence": settings.max_tokens_per_sentence,
                 "max_bytes_per_token": mapping.max_chars - 2 if mapping.family == BILM_TF else None,
                 "token_cut": mapping.cut,
@@ -364,7 +360,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get(
         "/health/ready",
-        summary="200 once the model is loaded and warm; 503 while starting or draining",
+        summary="200 once every model is loaded and warm; 503 while starting or draining",
         responses={
             503: {"description": "not ready", "content": {"application/json": {"example": {"status": "draining"}}}}
         },
@@ -375,21 +371,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         status = "draining" if app.state.draining else "not ready"
         return _json({"status": status}, status=503, headers=_retry(settings))
 
-    @app.get("/info", summary="the model, its shape, the provider and the settings in force")
-    async def info():
-        engine = app.state.engine
+    @app.get(
+        "/info",
+        summary="the model (the default, or ?model=name), its shape, the provider, the settings in force, and every "
+        "model served",
+        responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
+    )
+    async def info(model: str | None = None):
+        chosen = model_named(model)
         return _json(
             {
-                "model": app.state.model_name,
-                "dim": engine.dim,
-                "num_layers": engine.num_layers,
-                "provider": engine.provider,
-                # the graph served, and what its precision costs (measured at export; bench/gpu.py on a GPU)
-                "precision": engine.graph.precision,
-                "graph": engine.graph.entry,
-                "manifest": engine.info.manifest,
-                "settings": settings.public(batch_tokens=app.state.batch_tokens),
+                "model": chosen.name,
+                **_described(chosen),
+                "settings": settings.public(batch_tokens=chosen.batch_tokens),
                 "answer_media_types": {"/embed": [JSON, NPZ]},  # by Accept; the other routes answer JSON
+                # process-wide, but for queue_tokens (each model's queue holds as many) and batch_tokens (the model's)
                 "limits": {
                     "max_sentences": settings.max_sentences,
                     "max_tokens_per_sentence": settings.max_tokens_per_sentence,
@@ -405,14 +401,44 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "body_timeout_s": settings.body_timeout_s,
                     "body_min_rate": settings.body_min_rate,
                     "queue_tokens": settings.queue_tokens,
-                    "batch_tokens": app.state.batch_tokens,
+                    "batch_tokens": chosen.batch_tokens,
+                },
+                # every model served, in order (the first is the default), with its own queue and batch budget
+                "models": {
+                    m.name: {
+                        **_described(m),
+                        "model_dir": str(m.folder),
+                        "created": m.created,
+                        "queue_tokens": settings.queue_tokens,
+                        "batch_tokens": m.batch_tokens,
+                    }
+                    for m in app.state.models
                 },
             }
         )
 
+    @app.get(
+        "/v1/models",
+        response_model=ModelList,
+        responses={401: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        summary="OpenAI-style: the models served, the default first",
+    )
+    async def list_models():
+        return _json({"object": "list", "data": [_model_object(m) for m in served_models()]})
+
+    @app.get(
+        "/v1/models/{model_id}",
+        response_model=ModelObject,
+        responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        summary="OpenAI-style: one model served",
+    )
+    async def retrieve_model(model_id: str):
+        return _json(_model_object(model_named(model_id)))
+
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def prometheus():
-        metrics.queue_tokens.set(app.state.batcher.queued_tokens if hasattr(app.state, "batcher") else 0)
+        for model in getattr(app.state, "models", ()):
+            metrics.queue_tokens.labels(model.name).set(model.batcher.queued_tokens)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
@@ -422,6 +448,32 @@ def start_draining(app: FastAPI) -> None:
     """A stop signal came: /health/ready answers 503 from now on (balancers stop sending); requests in
     flight are still answered. Safe to call from a signal handler: it only sets a flag."""
     app.state.draining = True
+
+
+def _described(model: ServedModel) -> dict:
+    """What /info says of a model: its shape, provider, the graph served and the export's manifest."""
+    engine = model.engine
+    return {
+        "dim": engine.dim,
+        "num_layers": engine.num_layers,
+        "provider": engine.provider,
+        # the graph served, and what its precision costs (measured at export; bench/gpu.py on a GPU)
+        "precision": engine.graph.precision,
+        "graph": engine.graph.entry,
+        "manifest": engine.info.manifest,
+    }
+
+
+def _model_object(model: ServedModel) -> dict:
+    """A model as OpenAI's /v1/models lists one, with its shape."""
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": model.created,
+        "owned_by": "elmo-service",
+        "dim": model.dim,
+        "num_layers": model.num_layers,
+    }
 
 
 def _has_surrogate(tokens: list[str]) -> bool:

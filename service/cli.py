@@ -97,6 +97,11 @@ def serve_main(argv: list[str] | None = None) -> int:
         description="Serve an exported model over HTTP. Every setting also comes from ELMO_* environment variables.",
     )
     parser.add_argument("--model", help="folder written by elmo-export (default: the embedded default model)")
+    parser.add_argument(
+        "--models",
+        metavar="NAME=DIR,...",
+        help="several models, each with its own engine and queue; the first is the default (ELMO_MODELS)",
+    )
     parser.add_argument("--host", help="default 127.0.0.1 (ELMO_HOST)")
     parser.add_argument("--port", type=int, help="default 8000 (ELMO_PORT)")
     args = parser.parse_args(argv)
@@ -109,10 +114,15 @@ def serve_main(argv: list[str] | None = None) -> int:
     from service.server import BoundedHttpProtocol, DrainingServer
     from service.settings import Settings
 
-    overrides = {k: v for k, v in {"model_dir": args.model, "host": args.host, "port": args.port}.items() if v}
+    given = {"model_dir": args.model, "models": args.models, "host": args.host, "port": args.port}
+    overrides = {k: v for k, v in given.items() if v}
     try:
         settings = Settings(**overrides)
-        read_manifest(settings.model_dir)  # a clear message now, not a half-started server
+        for name, folder in settings.models:  # a clear message now, not a half-started server
+            try:
+                read_manifest(folder)
+            except (FileNotFoundError, ValueError) as err:
+                raise type(err)(f"model {name!r}: {err}") from None
     except (ValidationError, FileNotFoundError, ValueError) as err:
         print(f"elmo-serve: {err}", file=sys.stderr)
         return 1

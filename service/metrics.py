@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.batcher import BatchStats
@@ -24,20 +26,22 @@ class Metrics:
         self.request_seconds = Histogram(
             "elmo_request_seconds", "HTTP request latency", ["route"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.queue_tokens = Gauge("elmo_queue_tokens", "tokens waiting for the engine", registry=r)
+        # Per model (its label): each has its own queue and engine.
+        self.queue_tokens = Gauge("elmo_queue_tokens", "tokens waiting for the engine", ["model"], registry=r)
         self.queue_seconds = Histogram(
-            "elmo_queue_seconds", "time from enqueue to joining those in flight", buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.batch_sentences = Histogram(
-            "elmo_batch_sentences", "sentences per engine call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            "elmo_queue_seconds", "time from enqueue to joining those in flight", ["model"], buckets=LATENCY_BUCKETS,
             registry=r,
         )  # fmt: skip
+        self.batch_sentences = Histogram(
+            "elmo_batch_sentences", "sentences per engine call", ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r,
+        )  # fmt: skip
         self.batch_tokens = Histogram(
-            "elmo_batch_tokens", "padded positions per call", buckets=BATCH_TOKEN_BUCKETS,
+            "elmo_batch_tokens", "padded positions per call", ["model"], buckets=BATCH_TOKEN_BUCKETS,
             registry=r,
         )  # fmt: skip
         self.inference_seconds = Histogram(
-            "elmo_inference_seconds", "engine time per call", buckets=LATENCY_BUCKETS, registry=r
+            "elmo_inference_seconds", "engine time per call", ["model"], buckets=LATENCY_BUCKETS, registry=r
         )
         self.stage_seconds = Histogram(
             "elmo_stage_seconds",
@@ -47,14 +51,26 @@ class Metrics:
             buckets=STAGE_BUCKETS,
             registry=r,
         )
-        self.rejected = Counter("elmo_rejected", "requests refused with 503 because the queue was full", registry=r)
+        self.rejected = Counter(
+            "elmo_rejected", "requests refused with 503 because their model's queue was full", ["model"], registry=r
+        )
 
-    def observe_batch(self, stats: BatchStats) -> None:
-        self.batch_sentences.observe(stats.sentences)
-        self.batch_tokens.observe(stats.padded_tokens)
-        self.inference_seconds.observe(stats.seconds)
-        for seconds in stats.queue_seconds:
-            self.queue_seconds.observe(seconds)
+    def batch_observer(self, model: str) -> Callable[[BatchStats], None]:
+        """What a model's batcher calls after each engine call. Every per-model series of `model` exists from
+        here on (at 0), so a scrape shows each model before its first request."""
+        sentences, tokens = self.batch_sentences.labels(model), self.batch_tokens.labels(model)
+        seconds, queued = self.inference_seconds.labels(model), self.queue_seconds.labels(model)
+        self.queue_tokens.labels(model).set(0)
+        self.rejected.labels(model)
+
+        def observe(stats: BatchStats) -> None:
+            sentences.observe(stats.sentences)
+            tokens.observe(stats.padded_tokens)
+            seconds.observe(stats.seconds)
+            for waited in stats.queue_seconds:
+                queued.observe(waited)
+
+        return observe
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(stage).observe(seconds)

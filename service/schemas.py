@@ -11,6 +11,7 @@ Number = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
 # Layers or mixes per request: each one is a copy of the answer, so a list of a million would need
 # a million times its memory.
 MAX_OUTPUTS = 8
+MODEL_DESCRIPTION = "the served model to use (GET /v1/models lists them); default: the first (404 for another name)"
 
 
 class _Strict(BaseModel):
@@ -26,6 +27,7 @@ class Mix(_Strict):
 
 
 class EmbedRequest(Mix):
+    model: str | None = Field(None, description=MODEL_DESCRIPTION)
     sentences: list[list[str] | str] = Field(
         ...,
         min_length=1,
@@ -76,6 +78,7 @@ class EmbedResponse(BaseModel):
 
 
 class TokenizeRequest(_Strict):
+    model: str | None = Field(None, description=MODEL_DESCRIPTION)
     sentences: list[list[str] | str] = Field(
         ...,
         min_length=1,
@@ -111,7 +114,7 @@ class OpenAIEmbeddingRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")  # OpenAI clients send fields such as `user`
 
     input: str | list[str] = Field(..., description="a string or a list of strings")
-    model: str | None = None
+    model: str | None = Field(None, description=MODEL_DESCRIPTION)
     encoding_format: Literal["float", "base64"] = "float"
     unit_length: bool = Field(False, description="scale each vector to L2 norm 1")
     truncate: bool = Field(False, description="cut an input over the tokens-per-sentence limit instead of a 413")
@@ -138,6 +141,20 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[OpenAIEmbedding]
     model: str
     usage: OpenAIUsage
+
+
+class ModelObject(BaseModel):
+    id: str = Field(..., description="the name requests give as `model`")
+    object: Literal["model"] = "model"
+    created: int = Field(..., description="when the model's export was written (its manifest's mtime, Unix seconds)")
+    owned_by: str = "elmo-service"
+    dim: int
+    num_layers: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject] = Field(..., description="the models served; the first is the default")
 
 
 class ErrorResponse(BaseModel):

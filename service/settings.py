@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,21 @@ def default_batch_tokens(provider: str) -> int:
 
 # Where `make serve` exports the embedded default model (models/default/) before serving it.
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "build" / "models" / "default"
+# A model's name in ELMO_MODELS: what requests name it by, in URLs, metric labels and logs.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def parse_models(text: str) -> list[tuple[str, Path]]:
+    """`name=folder,name2=folder2` (ELMO_MODELS, elmo-serve --models) as (name, folder) pairs, in order."""
+    pairs = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, equals, folder = item.partition("=")
+        if not equals or not name.strip() or not folder.strip():
+            raise ValueError(f"{item!r} is not name=folder (ELMO_MODELS=name=folder,name2=folder2)")
+        pairs.append((name.strip(), Path(folder.strip())))
+    return pairs
 
 
 class Settings(BaseSettings):
@@ -28,6 +44,13 @@ class Settings(BaseSettings):
 
     model_dir: Path = Field(DEFAULT_MODEL_DIR, description="folder written by elmo-export")
     model_name: str | None = Field(None, description="name reported in responses; default: the folder name")
+    # Several models: ELMO_MODELS=name=folder,name2=folder2 (the first is the default). Unset: one model, model_dir,
+    # named model_name or its folder's name; once validated, the models in force either way.
+    models: Annotated[list[tuple[str, Path]], NoDecode] = Field(
+        [],
+        description="name=folder pairs, comma-separated, each served with its own engine and queue; the first is "
+        "the default; unset: model_dir alone",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
 
@@ -105,6 +128,48 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("model_dir", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value):
+        # An image sets ELMO_MODEL_DIR to the model baked in: `-e ELMO_MODEL_DIR=` unsets it beside ELMO_MODELS.
+        return DEFAULT_MODEL_DIR if value == "" else value
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _name_folder_pairs(cls, value):
+        return parse_models(value) if isinstance(value, str) else value
+
+    @field_validator("models")
+    @classmethod
+    def _names_unique_and_plain(cls, value: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+        names = [name for name, _ in value]
+        for name in names:
+            if not MODEL_NAME.fullmatch(name):
+                raise ValueError(
+                    f"model name {name[:80]!r}: letters, digits, '.', '_' and '-', starting with a letter or digit, "
+                    "at most 64 characters"
+                )
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"model names must be unique: {', '.join(twice)} given more than once")
+        return value
+
+    @model_validator(mode="after")
+    def _one_model_or_several(self) -> Settings:
+        if not self.models:
+            self.models = [(self.model_name or self.model_dir.name, self.model_dir)]
+            return self
+        if self.model_dir != DEFAULT_MODEL_DIR:
+            raise ValueError(
+                f"both ELMO_MODELS and ELMO_MODEL_DIR (or --model: {self.model_dir}) given: name every model in "
+                "ELMO_MODELS (name=folder,name2=folder2) and leave ELMO_MODEL_DIR unset"
+            )
+        if self.model_name is not None:
+            raise ValueError(
+                "both ELMO_MODELS and ELMO_MODEL_NAME given: ELMO_MODELS names its models (name=folder); "
+                "leave ELMO_MODEL_NAME unset"
+            )
+        return self
 
     @model_validator(mode="after")
     def _a_largest_body_fits(self) -> Settings:

@@ -10,6 +10,7 @@ import pytest
 
 TINY = Path(__file__).resolve().parent / "fixtures" / "elmo-tiny"  # provenance and license: its README
 CONFIGS = Path(__file__).resolve().parents[1] / "bench" / "configs"  # the published architectures' options
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "default"  # the embedded default model
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +43,16 @@ def tiny_model_dir(tiny_dir, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("tiny-onnx")
     export_published(tiny_dir / "options.json", tiny_dir / "lm_weights.hdf5", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def default_model_dir(tmp_path_factory) -> Path:
+    """The embedded default model (models/default/: 3 layers of 256), exported as `make serve` exports it."""
+    from model_export.export import export_published
+
+    out = tmp_path_factory.mktemp("default-onnx") / "default"
+    export_published(DEFAULT_MODEL / "options.json", DEFAULT_MODEL / "weights.hdf5", out)
     return out
 
 

@@ -45,12 +45,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(model_dir: Path | str, log: Path, settings: dict[str, str], port: int) -> subprocess.Popen:
-    """Start elmo-serve with exactly these ELMO_* settings (on top of BASE_SETTINGS); its output goes to `log`."""
+def launch(model_dir: Path | str | None, log: Path, settings: dict[str, str], port: int) -> subprocess.Popen:
+    """Start elmo-serve with exactly these ELMO_* settings (on top of BASE_SETTINGS); its output goes to `log`.
+    `model_dir` None: no --model (the settings name the models: ELMO_MODELS)."""
     # Only our ELMO_* settings: one left in the environment (a batch size, a limit) would change what is tested.
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
     env |= BASE_SETTINGS | settings
-    cmd = [sys.executable, "-c", SERVE, "--model", str(model_dir), "--port", str(port)]
+    model = [] if model_dir is None else ["--model", str(model_dir)]
+    cmd = [sys.executable, "-c", SERVE, *model, "--port", str(port)]
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
@@ -81,7 +83,9 @@ def stop(proc: subprocess.Popen) -> int:
 
 
 @contextmanager
-def running_server(model_dir: Path | str, folder: Path, settings: dict[str, str] | None = None) -> Iterator[Server]:
+def running_server(
+    model_dir: Path | str | None, folder: Path, settings: dict[str, str] | None = None
+) -> Iterator[Server]:
     """A ready server for the duration of the block; stopped (and its log kept in `folder`) afterwards."""
     port, log = free_port(), folder / "server.log"
     proc = launch(model_dir, log, settings or {}, port)

@@ -17,12 +17,15 @@ PROTECTED = [  # (method, path, body): every route of the OpenAPI document but t
     ("POST", "/v1/embeddings", {"input": "a"}),
     ("POST", "/tokenize", ONE),
     ("GET", "/info", None),
+    ("GET", "/v1/models", None),
     ("GET", "/metrics", None),
     ("GET", "/openapi.json", None),
     ("GET", "/docs", None),
     ("GET", "/redoc", None),
+    ("GET", "/v1/models/no-such-model", None),  # with a key: 404
     ("GET", "/no/such/route", None),
 ]
+ANSWERED = PROTECTED[:-2]  # with a key: 200
 WRONG = {
     "none": {},
     "empty": {"authorization": ""},
@@ -56,11 +59,19 @@ def test_without_a_valid_key_every_route_is_401(client, method, path, body, head
 
 
 @pytest.mark.parametrize("key", KEYS)
-@pytest.mark.parametrize(("method", "path", "body"), PROTECTED[:-1], ids=[p for _, p, _ in PROTECTED[:-1]])
+@pytest.mark.parametrize(("method", "path", "body"), ANSWERED, ids=[p for _, p, _ in ANSWERED])
 def test_with_either_key_every_route_answers(client, method, path, body, key):
     for scheme in ("Bearer", "bearer"):  # the scheme is case-insensitive (RFC 9110)
         response = request(client, method, path, body, {"authorization": f"{scheme} {key}"})
         assert response.status_code == 200, response.text
+
+
+def test_with_a_key_an_unknown_model_is_404_naming_those_served(client, tiny_model_dir):
+    response = client.get("/v1/models/no-such-model", headers={"authorization": f"Bearer {KEYS[0]}"})
+    assert response.status_code == 404
+    assert (
+        response.json()["detail"] == f"model: unknown model 'no-such-model'; this server serves: {tiny_model_dir.name}"
+    )
 
 
 def test_the_health_probes_need_no_key(client):

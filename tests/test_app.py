@@ -540,8 +540,9 @@ def test_still_serving_after_the_errors(client):
 def test_openai_embeddings(client, tiny_model_dir):
     texts = ["Hello, world!", "The bank of the river."]
     single = client.post(
-        "/v1/embeddings", json={"input": texts[0], "model": "anything", "user": "ignored", "dimensions": DIM}
-    )  # the model's own dimensions: accepted
+        "/v1/embeddings",
+        json={"input": texts[0], "model": tiny_model_dir.name, "user": "ignored", "dimensions": DIM},
+    )  # the model's own name and dimensions: accepted
     assert single.status_code == 200, single.text
     one = single.json()
     assert len(one["data"][0]["embedding"]) == DIM
@@ -558,6 +559,12 @@ def test_openai_embeddings(client, tiny_model_dir):
         assert [d["index"] for d in body["data"]] == [0, 1]
         many[encoding] = [array({"embedding": d["embedding"], "shape": [DIM]}) for d in body["data"]]
     np.testing.assert_array_equal(many["float"], many["base64"])
+    other = client.post("/v1/embeddings", json={"input": texts[0], "model": "text-embedding-3-small"})
+    assert other.status_code == 404  # as OpenAI answers a model it does not have
+    assert (
+        other.json()["detail"]
+        == f"model: unknown model 'text-embedding-3-small'; this server serves: {tiny_model_dir.name}"
+    )
 
     # Each input's vector: the mean over tokens of the equal-weights mix (the mean of the layers), gamma 1.
     layers = arrays(embed(client, texts, output="layers"))
@@ -598,6 +605,26 @@ def test_info(client, server, tiny_model_dir):
     assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"
     assert settings["batch_tokens"] == 4096  # unset: the CPU provider's default, shown as in force
+    assert settings["models"] == [[tiny_model_dir.name, str(tiny_model_dir)]]  # the one model of ELMO_MODEL_DIR
+    ((name, model),) = info["models"].items()
+    assert name == tiny_model_dir.name and (model["dim"], model["num_layers"]) == (DIM, NUM_LAYERS)
+    assert model["manifest"] == info["manifest"] and model["graph"] == info["graph"]
+    assert (model["queue_tokens"], model["batch_tokens"], model["model_dir"]) == (65536, 4096, str(tiny_model_dir))
+    assert client.get("/info", params={"model": name}).json() == info
+    unknown = client.get("/info", params={"model": "x"})
+    assert unknown.status_code == 404 and unknown.json()["detail"].startswith("model: unknown model 'x'")
+    listed = client.get("/v1/models").json()
+    assert listed["object"] == "list" and [m["id"] for m in listed["data"]] == [name]
+    assert listed["data"][0] == {
+        "id": name,
+        "object": "model",
+        "created": int((tiny_model_dir / "manifest.json").stat().st_mtime),
+        "owned_by": "elmo-service",
+        "dim": DIM,
+        "num_layers": NUM_LAYERS,
+    }
+    assert client.get(f"/v1/models/{name}").json() == listed["data"][0]
+    assert client.get("/v1/models/x").status_code == 404
 
 
 @pytest.mark.parametrize("accept", ["application/json", "application/x-npz"])
@@ -643,6 +670,10 @@ def test_metrics(client):
     assert counter(client, "elmo_requests_total", route="/embed", status="422") > 0  # the error tests above
     assert counter(client, "elmo_batch_sentences_count") > 0 and counter(client, "elmo_inference_seconds_count") > 0
     assert counter(client, "elmo_queue_tokens") == 0  # nothing is waiting now
+    model = client.get("/info").json()["model"]  # the per-model series carry the model's name
+    for name in ("elmo_queue_tokens", "elmo_batch_sentences_count", "elmo_inference_seconds_count"):
+        assert f'{name}{{model="{model}"}}' in text, name
+    assert f'elmo_rejected_total{{model="{model}"}} 0.0' in text
 
 
 def test_openapi_and_docs(client):
@@ -650,7 +681,7 @@ def test_openapi_and_docs(client):
     assert "post" in paths["/embed"] and "post" in paths["/v1/embeddings"] and "post" in paths["/tokenize"]
     embed_fields = client.get("/openapi.json").json()["components"]["schemas"]["EmbedRequest"]["properties"]
     assert {"unit_length", "truncate", "normalize"} <= set(embed_fields)
-    for path in ("/health/live", "/health/ready", "/info", "/metrics"):
+    for path in ("/health/live", "/health/ready", "/info", "/metrics", "/v1/models", "/v1/models/{model_id}"):
         assert path in paths
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()

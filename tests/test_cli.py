@@ -23,3 +23,15 @@ def test_an_address_not_on_this_machine_is_named(tiny_model_dir, capsys):
     # 192.0.2.1 is a documentation address (TEST-NET-1): never this machine's, and no DNS is asked
     assert serve_main(["--model", str(tiny_model_dir), "--host", "192.0.2.1", "--port", "8000"]) == 1
     assert "cannot listen on 192.0.2.1:8000 (Cannot assign requested address)" in capsys.readouterr().err
+
+
+def test_models_are_checked_one_by_one_before_any_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    for name in ("ELMO_MODELS", "ELMO_MODEL_DIR", "ELMO_MODEL_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    missing = tmp_path / "missing"
+    assert serve_main(["--models", f"tiny={tiny_model_dir},other={missing}", "--port", "0"]) == 1
+    assert f"elmo-serve: model 'other': {missing / 'manifest.json'} not found" in capsys.readouterr().err
+    assert serve_main(["--models", f"a={tiny_model_dir},a={tiny_model_dir}", "--port", "0"]) == 1
+    assert "model names must be unique: a given more than once" in capsys.readouterr().err
+    assert serve_main(["--models", f"a={tiny_model_dir}", "--model", str(tiny_model_dir), "--port", "0"]) == 1
+    assert "both ELMO_MODELS and ELMO_MODEL_DIR (or --model" in capsys.readouterr().err

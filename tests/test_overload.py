@@ -9,6 +9,7 @@ import asyncio
 import base64
 import http.client
 import json
+import re
 import select
 import socket
 import time
@@ -24,6 +25,7 @@ from tests.server import SlowBody, counter, rss_bytes, running_server
 CLIENTS, ROUNDS, PER_REQUEST = 100, 3, 3
 QUEUE_TOKENS = 1000  # about 12 of the flood's requests
 FLOOD = {"ELMO_QUEUE_TOKENS": str(QUEUE_TOKENS), "ELMO_BATCH_TOKENS": "512"}
+QUEUED = re.compile(r"^elmo_queue_tokens(?:\{[^}]*\})? (\S+)$", re.M)
 # What the server process may grow by while flooded (after a first flood has warmed it up): the queue's
 # share is tiny here (1000 tokens of 3 x 32 floats), the rest is 100 connections and their answers.
 RSS_GROWTH_BYTES = 32 << 20
@@ -54,8 +56,8 @@ async def _flood(url: str, requests: list) -> tuple[list[list[httpx.Response]], 
         async def watch(done: asyncio.Event) -> int:
             most = 0
             while not done.is_set():
-                lines = (await http.get("/metrics")).text.splitlines()
-                most = max(most, *(int(float(x.split()[1])) for x in lines if x.startswith("elmo_queue_tokens ")))
+                queued = QUEUED.findall((await http.get("/metrics")).text)  # one model: one line
+                most = max(most, sum(int(float(value)) for value in queued))
                 await asyncio.sleep(0.01)
             return most
 

@@ -12,7 +12,7 @@ from tests.server import free_port, launch
 
 BROKEN = {  # (id): how to break a copy of the exported tiny model, what the message says
     "truncated-model": (lambda d: (d / "model.onnx").write_bytes((d / "model.onnx").read_bytes()[:100_000]),
-                        "cannot load the model from {dir}: InvalidProtobuf"),
+                        "cannot load the model 'model' from {dir}: InvalidProtobuf"),
     "no-manifest": (lambda d: (d / "manifest.json").unlink(), "manifest.json not found: is {dir} a folder written by"),
     "no-model-file": (lambda d: (d / "model.onnx").unlink(), "model.onnx not found: the manifest in {dir} names it"),
     "no-folder": (shutil.rmtree, "manifest.json not found: is {dir} a folder written by"),

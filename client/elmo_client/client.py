@@ -168,14 +168,25 @@ class _Base:
     def _attempts(self) -> _Attempts:
         return _Attempts(self.retry_wait_s, self.connect_retries)
 
+    def _model_info(self, model: str | None) -> dict:
+        """/info as it concerns `model` (None: the server's default, /info's top level): its dim, num_layers and
+        limits from /info's `models`, where the server lists them (a server before several models does not)."""
+        info = self._info or {}
+        own = (info.get("models") or {}).get(model) if model is not None else None
+        if not own:
+            return info
+        limits = {**info.get("limits", {}), **{k: own[k] for k in ("queue_tokens", "batch_tokens") if k in own}}
+        return {**info, **{k: own[k] for k in ("dim", "num_layers") if k in own}, "limits": limits}
+
     def _runs(self, sentences: list, options: dict, path: str) -> list[range]:
-        limits = Limits.from_info(self._info or {})
+        info = self._model_info(options.get("model"))
+        limits = Limits.from_info(info)
         body = wire.embed_body if path == "/embed" else wire.tokenize_body
         # Each of the requests in flight together must fit in the server's queue at once.
         tokens_per_request = max(1, limits.queue_tokens // self.max_concurrency)
         # The answer too must fit the server's limit (texts are counted by their words: Moses may make more,
         # and a request whose answer turns out too large is answered 413 and split).
-        vector = vector_bytes(self._info or {}, options, wire.ENCODING) if path == "/embed" else 0.0
+        vector = vector_bytes(info, options, wire.ENCODING) if path == "/embed" else 0.0
         truncate, pooled = bool(options.get("truncate")), options.get("pooling") == "mean"
         return plan(sentences, limits, len(body([], options)), tokens_per_request, truncate, vector, pooled)
 
@@ -221,11 +232,15 @@ class Client(_Base):
         self._http.close()
 
     def info(self) -> dict:
-        """The server's /info (model, dim, num_layers, limits, settings), read once."""
+        """The server's /info (model, dim, num_layers, limits, settings; `models`: each model served), read once."""
         with self._info_lock:
             if self._info is None:
                 self._info = _json(self._request("GET", "/info"))
             return self._info
+
+    def models(self) -> list[dict]:
+        """The models the server serves, the default first (/v1/models' `data`: `id`, `dim`, `num_layers`, ...)."""
+        return _json(self._request("GET", "/v1/models"))["data"]
 
     @property
     def num_layers(self) -> int:
@@ -249,13 +264,15 @@ class Client(_Base):
         mixes: Sequence[dict] | None = None,
         unit_length: bool | None = None,
         truncate: bool | None = None,
+        model: str | None = None,
     ) -> list[np.ndarray]:
         """One float32 array per sentence, of the server's shape: mix (n_tokens, dim), output="layers"
         (len(layers), n_tokens, dim), mixes (n_mixes, n_tokens, dim); pooling="mean" drops the token axis.
-        Options left None take the server's defaults (see the /embed table of the README)."""
+        Options left None take the server's defaults (see the /embed table of the README); `model`: one of the
+        server's models (`models()`), None: its default."""
         options = _options(
             output=output, weights=weights, gamma=gamma, normalize=normalize, layer_norm=layer_norm,
-            layers=layers, pooling=pooling, mixes=mixes, unit_length=unit_length, truncate=truncate,
+            layers=layers, pooling=pooling, mixes=mixes, unit_length=unit_length, truncate=truncate, model=model,
         )  # fmt: skip
         return [item.embedding for item in self.embed_items(sentences, **options)]
 
@@ -263,9 +280,11 @@ class Client(_Base):
         """As `embed`, with each sentence's tokens (as the server read them) and what `truncate` cut."""
         return [_embedding(item) for item in self._all("/embed", self._sentences(sentences), _options(**options))]
 
-    def tokenize(self, sentences: Sequence[Sentence], *, truncate: bool | None = None) -> list[dict]:
+    def tokenize(
+        self, sentences: Sequence[Sentence], *, truncate: bool | None = None, model: str | None = None
+    ) -> list[dict]:
         """The server's /tokenize item of each sentence: tokens, utf8_bytes, kept_bytes, truncated, original_tokens."""
-        return self._all("/tokenize", self._sentences(sentences), _options(truncate=truncate))
+        return self._all("/tokenize", self._sentences(sentences), _options(truncate=truncate, model=model))
 
     def _all(self, path: str, sentences: list, options: dict) -> list[dict]:
         if not sentences:
@@ -340,6 +359,10 @@ class AsyncClient(_Base):
             self._info = _json(await self._request("GET", "/info"))
         return self._info
 
+    async def models(self) -> list[dict]:
+        """As Client.models."""
+        return _json(await self._request("GET", "/v1/models"))["data"]
+
     async def embed(
         self,
         sentences: Sequence[Sentence],
@@ -354,11 +377,12 @@ class AsyncClient(_Base):
         mixes: Sequence[dict] | None = None,
         unit_length: bool | None = None,
         truncate: bool | None = None,
+        model: str | None = None,
     ) -> list[np.ndarray]:
         """As Client.embed."""
         options = _options(
             output=output, weights=weights, gamma=gamma, normalize=normalize, layer_norm=layer_norm,
-            layers=layers, pooling=pooling, mixes=mixes, unit_length=unit_length, truncate=truncate,
+            layers=layers, pooling=pooling, mixes=mixes, unit_length=unit_length, truncate=truncate, model=model,
         )  # fmt: skip
         return [item.embedding for item in await self.embed_items(sentences, **options)]
 
@@ -366,8 +390,10 @@ class AsyncClient(_Base):
         items = await self._all("/embed", self._sentences(sentences), _options(**options))
         return [_embedding(item) for item in items]
 
-    async def tokenize(self, sentences: Sequence[Sentence], *, truncate: bool | None = None) -> list[dict]:
-        return await self._all("/tokenize", self._sentences(sentences), _options(truncate=truncate))
+    async def tokenize(
+        self, sentences: Sequence[Sentence], *, truncate: bool | None = None, model: str | None = None
+    ) -> list[dict]:
+        return await self._all("/tokenize", self._sentences(sentences), _options(truncate=truncate, model=model))
 
     async def _all(self, path: str, sentences: list, options: dict) -> list[dict]:
         if not sentences:

@@ -1,0 +1,124 @@
+"""The models one server serves (ELMO_MODELS, or ELMO_MODEL_DIR alone): each with its own engine, stepper and
+batcher, so each has its own queue of `queue_tokens` (one model's overload never refuses another's requests) and
+its own engine thread. Loaded in order and warmed in the app's lifespan; a request names one by `model`, and
+None means the first."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.batcher import Batcher
+from service.engine import MANIFEST, Engine
+from service.metrics import Metrics
+from service.settings import Settings, default_batch_tokens
+from service.stepper import Stepper
+
+log = logging.getLogger("elmo.service")
+MAX_NAME_SHOWN = 64  # characters of an unknown name echoed back: a client may send a megabyte of it
+
+
+class UnknownModel(LookupError):
+    """A request named a model this server does not serve."""
+
+    def __init__(self, name: str, known: list[str]):
+        shown = name[:MAX_NAME_SHOWN] + "..." if len(name) > MAX_NAME_SHOWN else name
+        super().__init__(f"unknown model {shown!r}; this server serves: {', '.join(known)}")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model in service: its name, folder, engine and batcher (its own queue), and the batch budget in force."""
+
+    name: str
+    folder: Path
+    engine: Engine
+    batcher: Batcher
+    batch_tokens: int
+    created: int  # when its export was written (the manifest's mtime, in seconds): /v1/models' `created`
+
+    @property
+    def dim(self) -> int:
+        return self.engine.dim
+
+    @property
+    def num_layers(self) -> int:
+        return self.engine.num_layers
+
+
+class ServedModels:
+    """The models in service, in the order given; the first is the default."""
+
+    def __init__(self, models: list[ServedModel]):
+        self._models = {model.name: model for model in models}
+        self.default = models[0]
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def get(self, name: str | None) -> ServedModel:
+        """The model a request names (None: the default); UnknownModel otherwise."""
+        if name is None:
+            return self.default
+        try:
+            return self._models[name]
+        except KeyError:
+            raise UnknownModel(name, self.names) from None
+
+    async def start(self) -> None:
+        """Start every model's engine thread and warm each with a first batch (its first run allocates)."""
+        for model in self:
+            model.batcher.start()
+        for model in self:
+            await model.batcher.embed([["Warm", "-", "up", "."]])
+
+    async def stop(self) -> None:
+        """Finish what every model has queued and in flight, then stop their engine threads."""
+        await asyncio.gather(*(model.batcher.stop() for model in self))
+
+
+def load_models(settings: Settings, metrics: Metrics) -> ServedModels:
+    """Every model of `settings.models`, each with an Engine (intra_op_threads each), a Stepper and a Batcher of its
+    own. A model that cannot be loaded stops the start with a RuntimeError naming it and its folder."""
+    served = []
+    for name, folder in settings.models:
+        try:
+            engine = Engine(
+                folder,
+                settings.provider,
+                settings.intra_op_threads,
+                settings.inter_op_threads,
+                settings.token_cache,
+                precision=settings.precision,
+                device_id=settings.device_id,
+                cuda_graphs=settings.cuda_graphs,
+                max_rows=settings.max_rows,
+            )
+        except Exception as err:  # a corrupt model file, most likely: say so, and never serve half-ready
+            message = f"cannot load the model {name!r} from {folder}: {type(err).__name__}: {err}"
+            log.error(message)
+            raise RuntimeError(message) from None
+        # unset: the provider's default (a GPU wants far more tokens in flight than 2 CPU cores)
+        batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
+        batcher = Batcher(
+            engine.run,
+            Stepper(engine, settings.window),
+            batch_tokens,
+            settings.max_wait_ms / 1000,
+            settings.queue_tokens,
+            on_batch=metrics.batch_observer(name),
+            gather_s=settings.gather_ms / 1000,
+        )
+        created = int((Path(folder) / MANIFEST).stat().st_mtime)
+        served.append(ServedModel(name, Path(folder), engine, batcher, batch_tokens, created))
+    return ServedModels(served)
