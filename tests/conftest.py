@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 TINY = Path(__file__).resolve().parent / "fixtures" / "elmo-tiny"  # provenance and license: its README
+MANYLANGS = Path(__file__).resolve().parent / "fixtures" / "elmoformanylangs-tiny"  # the same
 CONFIGS = Path(__file__).resolve().parents[1] / "bench" / "configs"  # the published architectures' options
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "default"  # the embedded default model
 
@@ -53,6 +54,16 @@ def default_model_dir(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("default-onnx") / "default"
     export_published(DEFAULT_MODEL / "options.json", DEFAULT_MODEL / "weights.hdf5", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def manylangs_model_dir(tmp_path_factory) -> Path:
+    """The ELMoForManyLangs fixture (random weights in that package's layout), exported with German's Moses rules."""
+    from model_export.export import export_manylangs
+
+    out = tmp_path_factory.mktemp("manylangs-onnx") / "manylangs"
+    export_manylangs(MANYLANGS, out, language="de")
     return out
 
 

@@ -1,5 +1,6 @@
 """Several models in one server (ELMO_MODELS, service/served.py), end to end: a real elmo-serve on 127.0.0.1 serving
-the embedded default model (3 layers of 256) and the tiny fixture (3 layers of 32), each with its own engine and
+the embedded default model (3 layers of 256), the tiny fixture (3 layers of 32) and an ELMoForManyLangs model (the
+other family: its own char and word dictionaries, German tokenization; 3 layers of 16), each with its own engine and
 queue. Every answer is checked against an Engine in this process on the same folder: a request gets the numbers of
 the model it named, no `model` means the first, concurrent requests to both get their own; an unknown name is 404
 naming those served; /v1/models, /info, /metrics and readiness cover each; a flooded model answers 503 while the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import shutil
 import subprocess
 
@@ -20,14 +22,14 @@ from elmo_client import AsyncClient, Client
 
 from service.engine import Engine
 from service.tokenize import tokenize
-from tests.conftest import max_error
+from tests.conftest import MANYLANGS, max_error
 from tests.server import counter, free_port, launch, running_server
 
-NAMES = ("default", "tiny")  # in ELMO_MODELS' order: "default" is the first, so the default
-SHAPES = {"default": (3, 256), "tiny": (3, 32)}  # (num_layers, dim)
+NAMES = ("default", "tiny", "manylangs")  # in ELMO_MODELS' order: "default" is the first, so the default
+SHAPES = {"default": (3, 256), "tiny": (3, 32), "manylangs": (3, 16)}  # (num_layers, dim)
 ANSWER_BYTES = 4 << 20  # small enough that the client must split the 256-dim model's answers, not the 32-dim's
 TOLERANCE = 1e-5
-SERVED = "this server serves: default, tiny"
+SERVED = "this server serves: default, tiny, manylangs"
 
 
 def models_setting(folders: dict) -> str:
@@ -35,8 +37,8 @@ def models_setting(folders: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def folders(default_model_dir, tiny_model_dir) -> dict:
-    return {"default": default_model_dir, "tiny": tiny_model_dir}
+def folders(default_model_dir, tiny_model_dir, manylangs_model_dir) -> dict:
+    return {"default": default_model_dir, "tiny": tiny_model_dir, "manylangs": manylangs_model_dir}
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +124,11 @@ def test_each_model_answers_with_its_own_numbers(client, engines, sentences, exp
     assert max_error(got, engines[name].run(batch)) <= TOLERANCE
     if name == "tiny":  # and allennlp's own layers of the fixture
         assert max_error(got, expected[:10]) <= TOLERANCE
+    if name == "manylangs":  # and the elmoformanylangs package's own layers of its fixture
+        fixture = json.loads((MANYLANGS / "sentences.json").read_text(encoding="utf-8"))
+        body = post(client, "/embed", {"model": name, "sentences": fixture, "output": "layers", "encoding": "base64"})
+        package = np.load(MANYLANGS / "expected_layers.npz")
+        assert max_error([layers(item) for item in body["data"]], [package[f"s{i}"] for i in range(5)]) <= TOLERANCE
 
 
 def test_no_model_means_the_first(client, sentences):
@@ -142,17 +149,23 @@ def test_openai_embeddings_come_from_the_model_named(client, engines, name):
     assert body["model"] == name
     got = [np.asarray(item["embedding"], np.float32) for item in body["data"]]
     # the mean over tokens of the average of the layers
-    want = [h.astype(np.float64).mean(axis=(0, 1)) for h in engines[name].run([tokenize(t) for t in texts])]
+    tokens = [tokenize(t, engines[name].info.language) for t in texts]
+    want = [h.astype(np.float64).mean(axis=(0, 1)) for h in engines[name].run(tokens)]
     assert [g.shape for g in got] == [(SHAPES[name][1],)] * 2
     assert max_error(got, want) <= TOLERANCE
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_tokenize_reads_with_the_model_named(client, engines, name):
-    body = post(client, "/tokenize", {"model": name, "sentences": ["Don't panic!", ["a", "é" * 30]]})
+    body = post(client, "/tokenize", {"model": name, "sentences": ["Don't panic!", ["a", "é" * 30], "ca. 5 Uhr"]})
     assert body["model"] == name
-    assert body["max_bytes_per_token"] == engines[name].info.max_chars - 2
-    assert body["data"][1]["utf8_bytes"] == [1, 60] and body["data"][1]["kept_bytes"] == [1, min(60, 48)]
+    assert body["data"][1]["utf8_bytes"] == [1, 60]
+    if name == "manylangs":  # reads characters (48 of them), and text by German rules
+        assert (body["max_bytes_per_token"], body["token_cut"]) == (None, "the first 48 characters")
+        assert body["data"][1]["kept_bytes"] == [1, 60] and body["data"][2]["tokens"] == ["ca.", "5", "Uhr"]
+    else:  # reads bytes (48 of them), and text by English rules
+        assert body["max_bytes_per_token"] == engines[name].info.max_chars - 2 == 48
+        assert body["data"][1]["kept_bytes"] == [1, 48] and body["data"][2]["tokens"] == ["ca", ".", "5", "Uhr"]
 
 
 async def _post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
@@ -161,7 +174,7 @@ async def _post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
 
 
 def test_concurrent_requests_to_both_models_each_get_their_own(server, engines, sentences):
-    requests = [(NAMES[k % 2], own(sentences, 1 + k % 3, f"r{k}")[k % 3 :]) for k in range(60)]
+    requests = [(NAMES[k % 3], own(sentences, 1 + k % 4, f"r{k}")[k % 4 :]) for k in range(60)]
     bodies = [{"model": name, "sentences": sent, "output": "layers", "encoding": "base64"} for name, sent in requests]
     answers = asyncio.run(_post_all(server.url, bodies))
     for name in NAMES:
@@ -342,7 +355,7 @@ def test_a_flooded_model_answers_503_while_the_other_still_answers(folders, engi
     for k, response in trickled:
         assert response.json()["model"] == "tiny"
         assert max_error([layers(item) for item in response.json()["data"]], want[k]) <= TOLERANCE
-    assert rejected == {"default": statuses.count(503), "tiny": 0}
+    assert rejected == {"default": statuses.count(503), "tiny": 0, "manylangs": 0}
     print(
         f"default flooded: {statuses.count(200)} x 200, {statuses.count(503)} x 503; "
         f"tiny meanwhile: {len(trickled)} x 200"
@@ -380,7 +393,7 @@ def test_the_async_client_passes_model_through(server, engines, sentences):
             return await elmo.models(), await elmo.embed(sentences[:4], output="layers", model="tiny")
 
     models, got = asyncio.run(run())
-    assert [(m["id"], m["dim"]) for m in models] == [("default", 256), ("tiny", 32)]
+    assert [(m["id"], m["dim"]) for m in models] == [("default", 256), ("tiny", 32), ("manylangs", 16)]
     assert max_error(got, engines["tiny"].run(sentences[:4])) <= TOLERANCE
 
 
