@@ -6,11 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from model_export.export import WINDOW, ExportError, export_published
 from model_export.train import DEVICES, PRECISIONS, train
 
 
 def export_main(argv: list[str] | None = None) -> int:
+    # Here, not at the top: elmo-train runs where ONNX Runtime is not installed (a GPU machine's bare torch).
+    from model_export.export import WINDOW, ExportError, export_published
+
     parser = argparse.ArgumentParser(
         prog="elmo-export", description="Export a published-layout ELMo (options.json + weights.hdf5) to ONNX."
     )
