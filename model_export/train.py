@@ -299,7 +299,11 @@ def init_from(model: BiLanguageModel, init_dir: Path) -> bool:
 
 
 def plot_curve(history: dict, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a bare GPU machine: plot later from train_log.json's history (scripts/gpu-train.sh fetch)
+        print(f"matplotlib is not installed: {path.name} not written", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
