@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 
 DEFAULT_MODEL := build/models/default
 
-.PHONY: install lint format test serve train-default corpus-packages corpus image clean
+.PHONY: install lint format test serve train-default corpus-packages corpus gpu-carry image clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
@@ -63,6 +63,11 @@ $(CORPUS_ALL)/manifest.json: model_export/corpus.py model_export/sources.py | in
 
 $(CORPUS_ALL).tar.xz: $(CORPUS_ALL)/manifest.json
 	tar -C build -cf - corpus-all | xz -6 -T0 > $@.tmp && mv $@.tmp $@
+
+# What the GPU plan (scripts/gpu-train.sh) carries to the lent GPU machine: the corpus, and tqdm's wheel (its bare
+# torch environment may lack it).
+gpu-carry: $(CORPUS_ALL).tar.xz
+	rm -rf build/gpu-wheels && $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d build/gpu-wheels tqdm
 
 # The Docker image for RUNTIME (needs a Docker engine): elmo-service:cpu or elmo-service:gpu.
 image:

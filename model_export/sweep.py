@@ -3,7 +3,7 @@ same text, measure held-out perplexity per direction and the training rate, and 
 
     python -m model_export.sweep --corpus build/corpus-all/train/*.txt --heldout build/corpus-all/heldout/*.txt \
         --configs elmo-small elmo-small-wide --steps 300 --out build/sweep [--device cuda --precision bf16] \
-        [--budget-minutes 15]
+        [--budget-minutes 15] [--max-minutes 2.5]
 
 Each candidate is an ordinary elmo-train run in OUT/<config>/, stopped at a checkpoint after --steps (so the
 winner continues from there: `elmo-train --out OUT/<winner> --epochs E` resumes it). Stopped within the
@@ -66,7 +66,10 @@ def sweep(
     device: str = "cpu",
     precision: str = "fp32",
     budget_minutes: float | None = None,
+    max_minutes: float | None = None,
 ) -> dict:
+    """max_minutes: each candidate also stops after this much time (whichever comes first: then they are compared
+    at equal time, which is as fair for a fixed budget)."""
     out_root.mkdir(parents=True, exist_ok=True)
     sample = _heldout_sample(heldout)
     results = {}
@@ -76,7 +79,8 @@ def sweep(
             print(f"sweep: {config}: {steps} steps go past its warm-up ({cfg.warmup_steps}), so its learning-rate "
                   "schedule already depends on its epochs", file=sys.stderr)  # fmt: skip
         out = out_root / config.removesuffix(".json").replace("/", "_")
-        train(corpus, out, config, heldout=heldout, device=device, precision=precision, stop_after_steps=steps)
+        train(corpus, out, config, heldout=heldout, device=device, precision=precision, stop_after_steps=steps,
+              max_minutes=max_minutes)  # fmt: skip
         payload = torch.load(out / CHECKPOINT, weights_only=False, map_location="cpu")
         state, saved = payload["state"], TrainingConfig.from_dict(payload["config"])
         ppl, n_params = evaluate_checkpoint(out, sample, resolve_device(device))
@@ -121,10 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--budget-minutes", type=float, help="also say how many epochs of the best fit in this")
+    parser.add_argument("--max-minutes", type=float, help="each candidate stops after this long, if not at --steps")
     args = parser.parse_args(argv)
     try:
         s = sweep(args.corpus, args.heldout, args.configs, args.out, args.steps, args.device, args.precision,
-                  args.budget_minutes)  # fmt: skip
+                  args.budget_minutes, args.max_minutes)  # fmt: skip
     except (ValueError, OSError) as err:
         print(f"sweep: {err}", file=sys.stderr)
         return 1
