@@ -499,6 +499,7 @@ def train(
             "kneser_ney_bigram": evaluation.bigram,
         },
         "heldout_perplexity_by_file": evaluation.by_file,
+        "sources": corpus_sources(corpus),
         "history": trainer.history,
     }
     (out_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
@@ -506,9 +507,32 @@ def train(
     return log | {"finished": True}
 
 
+def corpus_sources(corpus: list[Path]) -> dict | None:
+    """The manifest of `python -m model_export.corpus --sources` beside the training files (its train/ folder's
+    parent), if there is one: each source's package, licence and tokens go into the model card."""
+    manifest = Path(corpus[0]).resolve().parent.parent / "manifest.json"
+    if not manifest.exists():
+        return None
+    sources = json.loads(manifest.read_text())["sources"]
+    return {
+        name: {"packages": s["packages"], "license": s["license"], "train_tokens": s["train"]["tokens"]}
+        for name, s in sources.items()
+    }
+
+
 def machine(device: torch.device) -> str:
     where = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
     return f"{torch.cuda.get_device_name(device)}, {where}" if device.type == "cuda" else where
+
+
+def _sources_table(sources: dict | None) -> list[str]:
+    if not sources:
+        return []
+    lines = ["", "| source | Debian packages (version) | licence | training tokens |", "|---|---|---|---|"]
+    for name, s in sources.items():
+        packages = ", ".join(f"{p} ({v})" for p, v in s["packages"].items())
+        lines.append(f"| {name} | {packages} | {s['license']} | {s['train_tokens']:,} |")
+    return lines
 
 
 def _by_file_table(by_file: dict) -> list[str]:
@@ -547,6 +571,7 @@ def model_card(log: dict, out_dir: Path) -> str:
         f"covers {100 * log['vocab_coverage_heldout']:.1f}% of held-out tokens (the rest are predicted as <UNK>, "
         "but every word is read through its characters).",
         *([f"- Fine-tuned from: {log['init']}"] if log["init"] else []),
+        *_sources_table(log.get("sources")),
         "",
         "## Architecture and size",
         f"- char-CNN: {cnn['embedding']['dim']}-dim char embeddings, filters {cnn['filters']}, "

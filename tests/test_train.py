@@ -403,6 +403,20 @@ def test_perplexity_per_held_out_file(corpus, tmp_path):
         assert f["bilm_zero_state"]["forward"] > 1 and f["kneser_ney_bigram"]["backward"] > 1
     card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert "| alpha |" in card and "| beta |" in card
+    assert log["sources"] is None  # no corpus manifest beside this text
+
+
+def test_the_model_card_states_the_corpus_sources_and_licences(corpus, tmp_path):
+    """Text from python -m model_export.corpus --sources: its manifest's sources and licences go into the card."""
+    (tmp_path / "c" / "train").mkdir(parents=True)
+    text = tmp_path / "c" / "train" / "toy.txt"
+    text.write_text(corpus.read_text())
+    manifest = {"sources": {"toy": {"packages": {"toy-pkg": "1.0"}, "license": "public domain",
+                                    "train": {"tokens": 123}}}}  # fmt: skip
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    log = train([text], tmp_path / "out", "tiny", epochs=1)
+    assert log["sources"] == {"toy": {"packages": {"toy-pkg": "1.0"}, "license": "public domain", "train_tokens": 123}}
+    assert "| toy | toy-pkg (1.0) | public domain | 123 |" in (tmp_path / "out" / "MODEL_CARD.md").read_text()
 
 
 def test_sweep_ranks_configs_by_held_out_perplexity_and_sizes_the_winner(corpus, tmp_path):
