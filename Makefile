@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 
 DEFAULT_MODEL := build/models/default
 
-.PHONY: install lint format test serve train-default image clean
+.PHONY: install lint format test serve train-default corpus-packages corpus gpu-carry image clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
@@ -47,6 +47,27 @@ $(CORPUS)/train.txt: model_export/corpus.py | install
 train-default: $(CORPUS)/train.txt
 	$(BIN)/elmo-train --corpus $(CORPUS)/train.txt --heldout $(CORPUS)/heldout.txt --out build/train-default \
 		--config small --threads 1
+
+# The larger corpus (README: "A larger corpus"): English text from 13 sources in Debian packages -> build/corpus-all/
+# (train/ and heldout/ per source, manifest.json), and the same as one .tar.xz to carry to a GPU machine.
+# `make corpus-packages` installs the packages (root, or sudo).
+CORPUS_ALL := build/corpus-all
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+corpus-packages: install
+	$(SUDO) apt-get install -y --no-install-recommends $$($(BIN)/python -m model_export.corpus --sources all --print-packages)
+
+corpus: $(CORPUS_ALL).tar.xz
+
+$(CORPUS_ALL)/manifest.json: model_export/corpus.py model_export/sources.py | install
+	$(BIN)/python -m model_export.corpus --sources all --out $(CORPUS_ALL)
+
+$(CORPUS_ALL).tar.xz: $(CORPUS_ALL)/manifest.json
+	tar -C build -cf - corpus-all | xz -6 -T0 > $@.tmp && mv $@.tmp $@
+
+# What the GPU plan (scripts/gpu-train.sh) carries to the lent GPU machine: the corpus, and tqdm's wheel (its bare
+# torch environment may lack it).
+gpu-carry: $(CORPUS_ALL).tar.xz
+	rm -rf build/gpu-wheels && $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d build/gpu-wheels tqdm
 
 # The Docker image for RUNTIME (needs a Docker engine): elmo-service:cpu or elmo-service:gpu.
 image:

@@ -60,6 +60,19 @@ def bigram_perplexity(
     vocab: Vocabulary, train: Sequence[Sequence[str]], heldout: Sequence[Sequence[str]]
 ) -> dict[str, float]:
     """Forward and backward (the same model trained on reversed sentences) held-out perplexity."""
-    forward = KneserNeyBigram(vocab, train).perplexity(heldout)[0]
-    backward = KneserNeyBigram(vocab, [s[::-1] for s in train]).perplexity([s[::-1] for s in heldout])[0]
-    return {"forward": round(forward, 2), "backward": round(backward, 2)}
+    return bigram_perplexities(vocab, train, {"all": heldout})["all"]
+
+
+def bigram_perplexities(
+    vocab: Vocabulary, train: Sequence[Sequence[str]], heldout: dict[str, Sequence[Sequence[str]]]
+) -> dict[str, dict[str, float]]:
+    """bigram_perplexity for several held-out sets (one per source), each direction's model counted once."""
+    forward = KneserNeyBigram(vocab, train)
+    backward = KneserNeyBigram(vocab, [s[::-1] for s in train])
+    return {
+        name: {
+            "forward": round(forward.perplexity(sentences)[0], 2),
+            "backward": round(backward.perplexity([s[::-1] for s in sentences])[0], 2),
+        }
+        for name, sentences in heldout.items()
+    }

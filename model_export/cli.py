@@ -6,12 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from model_export.export import WINDOW, ExportError, export_manylangs, export_published
 from model_export.manylangs import is_manylangs
-from model_export.train import train
+from model_export.train import DEVICES, PRECISIONS, train
 
 
 def export_main(argv: list[str] | None = None) -> int:
+    # Here, not at the top: elmo-train runs where ONNX Runtime is not installed (a GPU machine's bare torch).
+    from model_export.export import WINDOW, ExportError, export_manylangs, export_published
+
     parser = argparse.ArgumentParser(
         prog="elmo-export",
         description="Export an ELMo to ONNX: a published-layout one (bilm-tf's: --options options.json --weights "
@@ -121,16 +123,61 @@ def train_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, help="torch threads (default: all cores; 1 is faster on a machine busy with other work)"
     )
+    parser.add_argument(
+        "--device", choices=DEVICES, default="cpu", help="cpu (default), cuda, or auto: cuda when torch sees a GPU"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32 (default), or bf16: bfloat16 autocast for the matmuls, float32 weights and optimizer state",
+    )
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        help="padded tokens per batch (default: the config's batch_tokens on the CPU, cuda_batch_tokens on a GPU); "
+        "fixed when a run starts",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        help="stop at a checkpoint after the first step that ends this many minutes after the start; the same "
+        "command resumes",
+    )
+    parser.add_argument(
+        "--stop-after-steps", type=int, help="stop at a checkpoint at this optimizer step (counted over the whole run)"
+    )
     args = parser.parse_args(argv)
+    for flag in ("batch_tokens", "stop_after_steps"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     try:
-        log = train(args.corpus, args.out, args.config, args.init, args.epochs, args.heldout)
+        log = train(
+            args.corpus,
+            args.out,
+            args.config,
+            args.init,
+            args.epochs,
+            args.heldout,
+            device=args.device,
+            precision=args.precision,
+            batch_tokens=args.batch_tokens,
+            max_minutes=args.max_minutes,
+            stop_after_steps=args.stop_after_steps,
+        )
     except (ValueError, OSError) as err:
         print(f"elmo-train: {err}", file=sys.stderr)
         return 1
+    if not log["finished"]:
+        print(
+            f"stopped at step {log['step']} (epoch {log['epoch'] + 1}, batch {log['batch']}), checkpoint in "
+            f"{args.out}: run the same command again to resume"
+        )
+        return 0
     ppl = log["heldout_perplexity"]["bilm_zero_state"]
     print(f"wrote {args.out}: held-out perplexity forward {ppl['forward']}, backward {ppl['backward']}")
     return 0

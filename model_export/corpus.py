@@ -11,13 +11,25 @@ tokenized with the service's Moses tokenizer (so training and serving split text
 Every 50th synset (by a hash of its offset, so the split never changes) goes to the held-out file, whole.
 
     python -m model_export.corpus --out build/corpus   # -> train.txt, heldout.txt, examples.jsonl
+
+With `--sources`, it builds the larger corpus from several installable sources (`model_export/sources.py`):
+
+    python -m model_export.corpus --sources all --out build/corpus-all
+    # -> train/<source>.txt, heldout/<source>.txt, examples.jsonl, manifest.json
+
+each source's text cut into sentences, tokenized the same way, deduplicated across all sources (the first
+occurrence in source order is kept, so no held-out sentence is also a training sentence), with a fixed held-out
+split per source (every 50th unit, by a hash of its key: a WordNet synset as above, a dictionary entry, a Bible
+chapter, a documentation file), and a manifest of sources, licences, package versions, counts and sha256.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
+import subprocess
 import sys
 import zlib
 from collections.abc import Iterator
@@ -95,17 +107,149 @@ def build_corpus(out_dir: Path, wordnet_dir: Path = WORDNET_DIR) -> dict[str, in
     return counts
 
 
+# -- the corpus of several sources
+
+MIN_TOKENS = 3  # shorter lines are headings and fragments
+MAX_TOKENS = 150  # longer ones are lists and run-on tables
+_WORDLIKE = re.compile(r"[A-Za-z]+|'[A-Za-z]+|[.,;:!?()\"'“”‘’-]|\d{1,4}")
+
+
+def looks_like_prose(tokens: list[str]) -> bool:
+    """Most tokens are words or punctuation, not identifiers, paths, numbers or operators (documentation)."""
+    return sum(1 for t in tokens if _WORDLIKE.fullmatch(t)) >= 0.8 * len(tokens)
+
+
+def source_heldout(source: str, key: str) -> bool:
+    # WordNet keeps the rule of the WordNet-only corpus above, so that its held-out synsets stay the same.
+    label = key if source == "wordnet" else f"{source}:{key}"
+    return zlib.crc32(label.encode()) % HELDOUT_EVERY == 0
+
+
+def package_versions(packages: tuple[str, ...]) -> dict[str, str | None]:
+    versions = {}
+    for package in packages:
+        try:
+            versions[package] = subprocess.run(
+                ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, check=True
+            ).stdout
+        except (OSError, subprocess.CalledProcessError):
+            versions[package] = None
+    return versions
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_sources(out_dir: Path, names: list[str], sources: dict | None = None) -> dict:
+    """Write train/<name>.txt and heldout/<name>.txt for each source, examples.jsonl (WordNet's usage examples,
+    when wordnet is among them) and manifest.json; returns the manifest."""
+    from model_export.sources import SOURCES, split_sentences
+
+    sources = sources or SOURCES
+    unknown = [n for n in names if n not in sources]
+    if unknown:
+        raise ValueError(f"unknown sources: {', '.join(unknown)} (known: {', '.join(sources)})")
+    for split in ("train", "heldout"):
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
+    seen: set[bytes] = set()  # every kept sentence, train or held out, over all sources
+    manifest = {
+        "heldout_rule": f"every {HELDOUT_EVERY}th unit by crc32 of its key (model_export.corpus.source_heldout)",
+        "tokenizer": "sacremoses Moses (en), escape=False, aggressive_dash_splits=False (service.tokenize)",
+        "filters": {"min_tokens": MIN_TOKENS, "max_tokens": MAX_TOKENS, "deduplicated": "exact, across sources"},
+        "sources": {},
+    }
+    for name in names:
+        source = sources[name]
+        counts = {"units": 0, "duplicate": 0, "too_short": 0, "too_long": 0, "not_prose": 0}
+        sizes = {"train": [0, 0], "heldout": [0, 0]}  # sentences, tokens
+        with (
+            (out_dir / "train" / f"{name}.txt").open("w", encoding="utf-8") as train_file,
+            (out_dir / "heldout" / f"{name}.txt").open("w", encoding="utf-8") as heldout_file,
+        ):
+            for unit in source.read():
+                counts["units"] += 1
+                split = "heldout" if source_heldout(name, unit.key) else "train"
+                out = heldout_file if split == "heldout" else train_file
+                for paragraph in unit.paragraphs:
+                    for sentence in split_sentences(paragraph) if unit.split_sentences else [paragraph]:
+                        tokens = tokenize(sentence)
+                        if len(tokens) < MIN_TOKENS:
+                            counts["too_short"] += 1
+                            continue
+                        if len(tokens) > MAX_TOKENS:
+                            counts["too_long"] += 1
+                            continue
+                        if source.prose_filter and not looks_like_prose(tokens):
+                            counts["not_prose"] += 1
+                            continue
+                        line = " ".join(tokens)
+                        digest = hashlib.blake2b(line.encode(), digest_size=12).digest()
+                        if digest in seen:
+                            counts["duplicate"] += 1
+                            continue
+                        seen.add(digest)
+                        out.write(line + "\n")
+                        sizes[split][0] += 1
+                        sizes[split][1] += len(tokens)
+        entry = {
+            "packages": package_versions(source.packages),
+            "license": source.license,
+            "copyright_file": source.copyright_file,
+            **counts,
+        }
+        for split in ("train", "heldout"):
+            path = out_dir / split / f"{name}.txt"
+            entry[split] = {"file": f"{split}/{name}.txt", "sentences": sizes[split][0], "tokens": sizes[split][1],
+                            "sha256": _sha256(path)}  # fmt: skip
+        manifest["sources"][name] = entry
+        print(f"{name}: {entry['train']['tokens']:,} training tokens, {entry['heldout']['tokens']:,} held out",
+              file=sys.stderr, flush=True)  # fmt: skip
+    if "wordnet" in names:
+        with (out_dir / "examples.jsonl").open("w") as examples:
+            for synset in read_wordnet():
+                for text in synset.examples:
+                    split = "heldout" if synset.heldout else "train"
+                    record = {"synset": synset.key, "lemmas": synset.lemmas, "tokens": tokenize(text), "split": split}
+                    examples.write(json.dumps(record) + "\n")
+    manifest["total"] = {
+        split: {k: sum(e[split][k] for e in manifest["sources"].values()) for k in ("sentences", "tokens")}
+        for split in ("train", "heldout")
+    }
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the WordNet gloss corpus (train.txt, heldout.txt).")
+    from model_export.sources import SOURCES
+
+    parser = argparse.ArgumentParser(
+        description="Build the WordNet gloss corpus (train.txt, heldout.txt), or with --sources the corpus of "
+        "several sources (train/, heldout/, manifest.json)."
+    )
     parser.add_argument("--out", default="build/corpus", type=Path)
     parser.add_argument("--wordnet", default=WORDNET_DIR, type=Path, help="folder of WordNet's data.* files")
+    parser.add_argument("--sources", help=f"all, or a comma-separated list of: {', '.join(SOURCES)}")
+    parser.add_argument(
+        "--print-packages", action="store_true", help="print the Debian packages the --sources need, and exit"
+    )
     args = parser.parse_args(argv)
+    names = list(SOURCES) if args.sources == "all" else args.sources.split(",") if args.sources else None
+    if args.print_packages:
+        print(" ".join(p for n in names or ["wordnet"] for p in SOURCES[n].packages))
+        return 0
     try:
-        counts = build_corpus(args.out, args.wordnet)
-    except FileNotFoundError as err:
+        if names is None:
+            print(json.dumps(build_corpus(args.out, args.wordnet)))
+        else:
+            print(json.dumps(build_sources(args.out, names)["total"]))
+    except (FileNotFoundError, ValueError) as err:
         print(f"corpus: {err}", file=sys.stderr)
         return 1
-    print(json.dumps(counts))
     return 0
 
 

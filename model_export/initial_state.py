@@ -38,7 +38,7 @@ def mean_final_state(bilm: BiLM, sentences: list[list[str]]) -> list[tuple[Tenso
         for start in range(0, len(group), BATCH):
             chunk = group[start : start + BATCH]
             chars = torch.from_numpy(np.stack([sentence_char_ids(s, bilm.options.max_chars) for s in chunk]))
-            x = bilm.token_vectors(chars.long())
+            x = bilm.token_vectors(chars.long().to(bilm.token_encoder.char_embed.weight.device))
             states = bilm.forward_lstm.run(x)[1] + bilm.backward_lstm.run(x.flip(1))[1]
             flat = [v.sum(dim=0) for pair in states for v in pair]  # summed over the batch
             totals = flat if totals is None else [a + v for a, v in zip(totals, flat, strict=True)]

@@ -120,12 +120,14 @@ def perplexity(
     """Held-out perplexity of each direction: exp(mean negative log-likelihood per predicted word)."""
     was_training = model.training
     model.eval()
-    type_chars, type_targets = table.tensors()
+    device = next(model.parameters()).device  # in float32, whatever precision training ran in
+    type_chars, type_targets = (t.to(device) for t in table.tensors())
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     nll_f = nll_b = 0.0
     count = 0
     for start in range(0, len(order), batch_size):
-        sums = model(pad_batch([rows[i] for i in order[start : start + batch_size]]), type_chars, type_targets)
+        batch = pad_batch([rows[i] for i in order[start : start + batch_size]]).to(device)
+        sums = model(batch, type_chars, type_targets)
         nll_f += float(sums.forward)
         nll_b += float(sums.backward)
         count += sums.predictions

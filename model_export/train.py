@@ -3,6 +3,8 @@
 corpus (one tokenized sentence per line) -> vocabulary (+ <UNK>) -> length-bucketed batches
 -> BiLanguageModel: sum of the forward and backward log-likelihoods, dropout, Adam, gradient clipping
 -> every epoch: held-out perplexity per direction; every few minutes: a checkpoint that a rerun resumes
+   (on the CPU or a CUDA GPU, in float32 or with bfloat16 autocast; --max-minutes / --stop-after-steps end a
+   run early at a checkpoint, so that a long run fits in several shorter calls)
 -> out/: options.json + weights.hdf5 (what elmo-export and allennlp load), vocab.txt + softmax.hdf5 (for
    fine-tuning with --init), train_log.json, training_curve.png, MODEL_CARD.md
 """
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from model_export.bigram import bigram_perplexity
+from model_export.bigram import bigram_perplexities
 from model_export.initial_state import mean_final_state
 from model_export.language_model import BiLanguageModel, Perplexity, TokenTable, pad_batch, perplexity
 from model_export.options import BiLMOptions, load_options
@@ -34,6 +36,26 @@ CONFIGS = Path(__file__).with_name("configs")
 CHECKPOINT = "checkpoint.pt"
 HELDOUT_EVERY = 50  # without --heldout, every 50th corpus line is held out
 WARMUP_SENTENCES = 2000  # training sentences whose mean final state is the warm initial state measured here
+DEVICES = ("auto", "cpu", "cuda")
+# bf16, not fp16: bfloat16 keeps float32's 8-bit exponent, so gradients neither underflow nor overflow and no
+# GradScaler is needed; an H100 (or any Ampere or later GPU) runs its matmuls at full tensor-core rate. Only the
+# matmuls and convolutions run in bf16 under autocast; parameters, gradients and Adam's moments stay float32, so
+# the exported weights.hdf5 is float32 in the published layout exactly as from an fp32 run.
+PRECISIONS = ("fp32", "bf16")
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto: cuda when torch sees a GPU, else cpu; cuda without one is an error (not a silent fallback)."""
+    if name not in DEVICES:
+        raise ValueError(f"--device {name}: choose one of {', '.join(DEVICES)}")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device cuda: this torch ({torch.__version__}) sees no CUDA GPU (torch.cuda.is_available() is "
+            "False); use --device cpu, or --device auto to take a GPU only when there is one"
+        )
+    return torch.device(name)
 
 
 @dataclass(frozen=True)
@@ -41,7 +63,8 @@ class TrainingConfig:
     vocab_size: int = 16000
     min_count: int = 1
     epochs: int = 5
-    batch_tokens: int = 4096  # padded tokens per batch (<S> and </S> included)
+    batch_tokens: int = 4096  # padded tokens per batch (<S> and </S> included), on the CPU
+    cuda_batch_tokens: int = 32768  # the same on a GPU, which needs larger batches to be kept busy
     learning_rate: float = 2e-3
     warmup_steps: int = 200  # linear warm-up, then a cosine decay to a tenth
     dropout: float = 0.1
@@ -114,10 +137,20 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 
 class Trainer:
     def __init__(
-        self, model: BiLanguageModel, vocab: Vocabulary, config: TrainingConfig, out_dir: Path, fingerprint: dict
+        self,
+        model: BiLanguageModel,
+        vocab: Vocabulary,
+        config: TrainingConfig,
+        out_dir: Path,
+        fingerprint: dict,
+        precision: str = "fp32",
     ):
         self.model, self.vocab, self.config, self.out_dir = model, vocab, config, out_dir
         self.fingerprint = fingerprint  # which run a checkpoint belongs to
+        self.device = next(model.parameters()).device
+        if precision not in PRECISIONS:
+            raise ValueError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+        self.precision = precision
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
         self.state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "train_seconds": 0.0}
         self.history: dict[str, list] = {"loss": [], "epochs": []}
@@ -133,6 +166,7 @@ class Trainer:
             "config": asdict(self.config),
             "options": self.model.bilm.options.to_dict(),
             "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "fingerprint": self.fingerprint,
         }
         tmp = self.out_dir / (CHECKPOINT + ".tmp")
@@ -144,14 +178,37 @@ class Trainer:
         self.optimizer.load_state_dict(payload["optimizer"])
         self.state, self.history = payload["state"], payload["history"]
         torch.set_rng_state(payload["rng"])
+        if self.device.type == "cuda" and payload.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(payload["cuda_rng"], self.device)  # the same dropout masks on the same GPU
 
-    def fit(self, train_rows: list[np.ndarray], heldout_rows: list[np.ndarray], table: TokenTable) -> None:
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+    def fit(
+        self,
+        train_rows: list[np.ndarray],
+        heldout_rows: list[np.ndarray],
+        table: TokenTable,
+        stop_after_steps: int | None = None,
+        deadline: float | None = None,
+    ) -> bool:
+        """Train to the last epoch (True), or stop early at a checkpoint (False): at step stop_after_steps, or
+        after the first step that ends past `deadline` (time.monotonic())."""
         cfg = self.config
         batches = make_batches(train_rows, cfg.batch_tokens)
         total_steps = cfg.epochs * len(batches)
-        type_chars, type_targets = table.tensors()
+        type_chars, type_targets = (t.to(self.device) for t in table.tensors())
         last_checkpoint = time.monotonic()
+
+        def should_stop() -> bool:
+            return (stop_after_steps is not None and self.state["step"] >= stop_after_steps) or (
+                deadline is not None and time.monotonic() > deadline
+            )
+
         while self.state["epoch"] < cfg.epochs:
+            if stop_after_steps is not None and self.state["step"] >= stop_after_steps:
+                self.save_checkpoint()  # (a deadline is checked after each step: every call makes progress)
+                return False
             epoch = self.state["epoch"]
             order = list(range(len(batches)))
             random.Random(cfg.seed * 1000 + epoch).shuffle(order)
@@ -173,6 +230,10 @@ class Trainer:
                 if time.monotonic() - last_checkpoint > cfg.checkpoint_minutes * 60:
                     self.save_checkpoint()
                     last_checkpoint = time.monotonic()
+                if should_stop() and self.state["batch"] < len(batches):
+                    bar.close()
+                    self.save_checkpoint()
+                    return False
             bar.close()
             ppl = perplexity(self.model, heldout_rows, table)
             self.history["epochs"].append(
@@ -187,13 +248,15 @@ class Trainer:
             self.state["batch"] = 0
             self.save_checkpoint()
             last_checkpoint = time.monotonic()
+        return True
 
     def _step(self, rows: list[np.ndarray], type_chars, type_targets, total_steps: int) -> None:
         cfg = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.learning_rate * lr_factor(self.state["step"], cfg.warmup_steps, total_steps)
-        sums = self.model(pad_batch(rows), type_chars, type_targets)
-        loss = (sums.forward + sums.backward) / (2 * sums.predictions)  # mean of both directions' NLL per word
+        with self.autocast():
+            sums = self.model(pad_batch(rows).to(self.device), type_chars, type_targets)
+            loss = (sums.forward + sums.backward) / (2 * sums.predictions)  # mean of both directions' NLL per word
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
@@ -213,7 +276,7 @@ def write_softmax(model: BiLanguageModel, path: Path) -> None:
     # float16: only fine-tuning reads it (the published layout has no softmax), and it halves the file.
     with h5py.File(path, "w") as f:
         for name, value in model.softmax.state_dict().items():
-            f.create_dataset(name, data=value.numpy().astype(np.float16))
+            f.create_dataset(name, data=value.detach().cpu().numpy().astype(np.float16))
 
 
 def can_continue_softmax(init_dir: Path) -> bool:
@@ -236,7 +299,11 @@ def init_from(model: BiLanguageModel, init_dir: Path) -> bool:
 
 
 def plot_curve(history: dict, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a bare GPU machine: plot later from train_log.json's history (scripts/gpu-train.sh fetch)
+        print(f"matplotlib is not installed: {path.name} not written", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -273,17 +340,32 @@ class Evaluation:
     zero: Perplexity
     warm: Perplexity
     bigram: dict[str, float]
+    by_file: dict[str, dict]  # with several held-out files (one per source): each one's biLM and bigram figures
 
 
-def evaluate(model, train_sentences, heldout_sentences, heldout_rows, table, vocab) -> Evaluation:
-    """Held-out perplexity from the zero and from the warm initial state, and the bigram baseline's."""
+def evaluate(model, train_sentences, heldout_sets: dict[str, list], table, vocab) -> Evaluation:
+    """Held-out perplexity from the zero and from the warm initial state, and the bigram baseline's; per held-out
+    file too when there are several."""
+    heldout_sentences = [s for sentences in heldout_sets.values() for s in sentences]
+    heldout_rows = [table.encode(s) for s in heldout_sentences]
     model.bilm.set_initial_state(None)
     zero = perplexity(model, heldout_rows, table)
     warmup = train_sentences[:: max(1, len(train_sentences) // WARMUP_SENTENCES)][:WARMUP_SENTENCES]
     model.bilm.set_initial_state(mean_final_state(model.bilm, warmup))
     warm = perplexity(model, heldout_rows, table)
     model.bilm.set_initial_state(None)  # the written weights carry no state: elmo-export chooses
-    return Evaluation(zero, warm, bigram_perplexity(vocab, train_sentences, heldout_sentences))
+    sets = {"all": heldout_sentences, **(heldout_sets if len(heldout_sets) > 1 else {})}
+    bigram = bigram_perplexities(vocab, train_sentences, sets)
+    by_file = {
+        name: {
+            "bilm_zero_state": perplexity(model, [table.encode(s) for s in sentences], table).as_dict(),
+            "kneser_ney_bigram": bigram[name],
+            "tokens": sum(len(s) for s in sentences),
+        }
+        for name, sentences in heldout_sets.items()
+        if len(heldout_sets) > 1 and sentences
+    }
+    return Evaluation(zero, warm, bigram["all"], by_file)
 
 
 def train(
@@ -293,8 +375,19 @@ def train(
     init: Path | None = None,
     epochs: int | None = None,
     heldout: list[Path] | None = None,
+    device: str = "cpu",
+    precision: str = "fp32",
+    batch_tokens: int | None = None,
+    max_minutes: float | None = None,
+    stop_after_steps: int | None = None,
 ) -> dict:
-    """Train (or resume, or fine-tune from `init`) and write the output folder; returns train_log.json's content."""
+    """Train (or resume, or fine-tune from `init`) and write the output folder; returns train_log.json's content,
+    or, when stopped early by max_minutes or stop_after_steps, {"finished": False, ...} with where it stopped (the
+    checkpoint; the same call again resumes)."""
+    started = time.monotonic()
+    torch_device = resolve_device(device)
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     description, options, cfg = load_config(config)
     if epochs is not None:
@@ -307,15 +400,21 @@ def train(
 
     sentences = read_sentences(corpus)
     if heldout:
-        train_sentences, heldout_sentences = sentences, read_sentences(heldout)
+        heldout_sets = {Path(p).stem: read_sentences([p]) for p in heldout}
+        train_sentences, heldout_sentences = sentences, [s for v in heldout_sets.values() for s in v]
     else:
         train_sentences = [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
         heldout_sentences = [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
+        heldout_sets = {"heldout": heldout_sentences}
     if not train_sentences or not heldout_sentences:
         raise ValueError("the corpus needs training and held-out sentences (give --heldout or more lines)")
 
     fingerprint = run_fingerprint(corpus, heldout, init, config)
-    checkpoint = torch.load(out_dir / CHECKPOINT, weights_only=False) if (out_dir / CHECKPOINT).exists() else None
+    checkpoint = (
+        torch.load(out_dir / CHECKPOINT, weights_only=False, map_location="cpu")
+        if (out_dir / CHECKPOINT).exists()
+        else None
+    )
     if checkpoint is not None:
         if checkpoint.get("fingerprint", fingerprint) != fingerprint:
             raise ValueError(
@@ -326,18 +425,27 @@ def train(
         options = BiLMOptions.from_dict(checkpoint["options"])
         saved = TrainingConfig.from_dict(checkpoint["config"])
         cfg = replace(saved, epochs=epochs) if epochs is not None else saved  # more epochs continue the run
+        if batch_tokens is not None and batch_tokens != saved.batch_tokens:
+            raise ValueError(
+                f"{out_dir / CHECKPOINT} was made with batches of {saved.batch_tokens} tokens: resume without "
+                "--batch-tokens (the run keeps its batches on any device), or choose another --out"
+            )
     elif init is not None and can_continue_softmax(init):
         vocab = Vocabulary.load(init / "vocab.txt")  # new words are still read, through their characters
     else:
         vocab = Vocabulary.build(train_sentences, cfg.vocab_size, cfg.min_count)
+    if checkpoint is None:  # the batch size is fixed at the start, by the device unless given
+        device_default = cfg.cuda_batch_tokens if torch_device.type == "cuda" else cfg.batch_tokens
+        cfg = replace(cfg, batch_tokens=batch_tokens or device_default)
     model = BiLanguageModel(options, len(vocab), cfg.dropout)
     model.bilm.load_state_dict(random_bilm(options, seed=cfg.seed).state_dict())
     softmax_carried = init_from(model, init) if init is not None and checkpoint is None else False
+    model.to(torch_device)
 
     table = TokenTable(vocab, options.max_chars)
     train_rows = [table.encode(s) for s in train_sentences]
     heldout_rows = [table.encode(s) for s in heldout_sentences]
-    trainer = Trainer(model, vocab, cfg, out_dir, fingerprint)
+    trainer = Trainer(model, vocab, cfg, out_dir, fingerprint, precision)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
         print(
@@ -348,13 +456,17 @@ def train(
     n_train_tokens = sum(len(s) for s in train_sentences)
     print(
         f"{len(train_sentences)} training sentences ({n_train_tokens} tokens), {len(heldout_sentences)} held out; "
-        f"vocabulary {len(vocab)}; {cfg.epochs} epochs",
+        f"vocabulary {len(vocab)}; {cfg.epochs} epochs; batches of {cfg.batch_tokens} tokens on {torch_device} "
+        f"in {precision}",
         flush=True,
     )
-    trainer.fit(train_rows, heldout_rows, table)
+    deadline = started + 60 * max_minutes if max_minutes is not None else None
+    if not trainer.fit(train_rows, heldout_rows, table, stop_after_steps, deadline):
+        state = trainer.state
+        return {"finished": False, "out": str(out_dir)} | {k: state[k] for k in ("epoch", "batch", "step")}
 
     model.eval()
-    evaluation = evaluate(model, train_sentences, heldout_sentences, heldout_rows, table, vocab)
+    evaluation = evaluate(model, train_sentences, heldout_sets, table, vocab)
     (out_dir / "options.json").write_text(json.dumps(options.to_dict(), indent=2) + "\n")
     write_published_weights(model.bilm, out_dir / "weights.hdf5")
     write_softmax(model, out_dir / "softmax.hdf5")
@@ -378,18 +490,63 @@ def train(
         "options": options.to_dict(),
         "train_seconds": round(trainer.state["train_seconds"], 1),
         "steps": trainer.state["step"],
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads",
+        "machine": machine(torch_device),
+        "device": torch_device.type,
+        "precision": precision,
         "heldout_perplexity": {
             "bilm_zero_state": evaluation.zero.as_dict(),
             "bilm_warm_state": evaluation.warm.as_dict(),
             "kneser_ney_bigram": evaluation.bigram,
         },
+        "heldout_perplexity_by_file": evaluation.by_file,
+        "sources": corpus_sources(corpus),
         "history": trainer.history,
     }
     (out_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     (out_dir / "MODEL_CARD.md").write_text(model_card(log, out_dir))
-    return log
+    return log | {"finished": True}
+
+
+def corpus_sources(corpus: list[Path]) -> dict | None:
+    """The manifest of `python -m model_export.corpus --sources` beside the training files (its train/ folder's
+    parent), if there is one: each source's package, licence and tokens go into the model card."""
+    manifest = Path(corpus[0]).resolve().parent.parent / "manifest.json"
+    if not manifest.exists():
+        return None
+    sources = json.loads(manifest.read_text())["sources"]
+    return {
+        name: {"packages": s["packages"], "license": s["license"], "train_tokens": s["train"]["tokens"]}
+        for name, s in sources.items()
+    }
+
+
+def machine(device: torch.device) -> str:
+    where = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return f"{torch.cuda.get_device_name(device)}, {where}" if device.type == "cuda" else where
+
+
+def _sources_table(sources: dict | None) -> list[str]:
+    if not sources:
+        return []
+    lines = ["", "| source | Debian packages (version) | licence | training tokens |", "|---|---|---|---|"]
+    for name, s in sources.items():
+        packages = ", ".join(f"{p} ({v})" for p, v in s["packages"].items())
+        lines.append(f"| {name} | {packages} | {s['license']} | {s['train_tokens']:,} |")
+    return lines
+
+
+def _by_file_table(by_file: dict) -> list[str]:
+    if not by_file:
+        return []
+    lines = ["", "By held-out file (zero initial state; Kneser-Ney bigram on the same text):", "",
+             "| held out | tokens | biLM forward | biLM backward | bigram forward | bigram backward |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, f in by_file.items():
+        b, k = f["bilm_zero_state"], f["kneser_ney_bigram"]
+        lines.append(
+            f"| {name} | {f['tokens']} | {b['forward']} | {b['backward']} | {k['forward']} | {k['backward']} |"
+        )
+    return lines
 
 
 def model_card(log: dict, out_dir: Path) -> str:
@@ -414,6 +571,7 @@ def model_card(log: dict, out_dir: Path) -> str:
         f"covers {100 * log['vocab_coverage_heldout']:.1f}% of held-out tokens (the rest are predicted as <UNK>, "
         "but every word is read through its characters).",
         *([f"- Fine-tuned from: {log['init']}"] if log["init"] else []),
+        *_sources_table(log.get("sources")),
         "",
         "## Architecture and size",
         f"- char-CNN: {cnn['embedding']['dim']}-dim char embeddings, filters {cnn['filters']}, "
@@ -430,7 +588,8 @@ def model_card(log: dict, out_dir: Path) -> str:
         f"- {log['config']['epochs']} epochs, {log['steps']} steps of at most {log['config']['batch_tokens']} tokens, "
         f"Adam (lr {log['config']['learning_rate']}, warm-up then cosine decay), dropout {log['config']['dropout']}, "
         f"gradient norm clipped at {log['config']['clip_norm']}.",
-        f"- Training time: {log['train_seconds'] / 60:.1f} min on {log['machine']}.",
+        f"- Training time: {log['train_seconds'] / 60:.1f} min on {log['machine']}"
+        f" ({log.get('device', 'cpu')}, {log.get('precision', 'fp32')}).",
         "- Every sentence starts from the zero state (stateless), as the service runs it.",
         "",
         "## Held-out perplexity (lower is better)",
@@ -442,6 +601,7 @@ def model_card(log: dict, out_dir: Path) -> str:
         row("Kneser-Ney bigram, same vocabulary", ppl["kneser_ney_bigram"]),
         "",
         f"Over {ppl['bilm_zero_state']['predictions']} predictions per direction (every word and the sentence end).",
+        *_by_file_table(log.get("heldout_perplexity_by_file") or {}),
         "The warm state is the mean final LSTM state over "
         f"{min(WARMUP_SENTENCES, log['train_sentences'])} training sentences (`elmo-export --initial-state warm`).",
         "",

@@ -272,3 +272,170 @@ def test_kneser_ney_bigram_is_a_distribution():
     assert math.isclose(
         ppl, math.exp(-(math.log(model.prob(1, 3)) + math.log(model.prob(3, 4)) + math.log(model.prob(4, 0))) / 3)
     )
+
+
+# -- devices, precision, batch size, stopping early (issue 15)
+
+
+def test_stopping_at_a_step_and_resuming_gives_the_same_weights_as_an_uninterrupted_run(
+    corpus, dropout_config, tmp_path
+):
+    """--stop-after-steps ends the run at a checkpoint mid-epoch; the same call without it resumes: bit for bit
+    the weights of one uninterrupted run (on the CPU, in float32)."""
+    straight = train([corpus], tmp_path / "straight", dropout_config, epochs=2)
+    stopped = train([corpus], tmp_path / "resumed", dropout_config, epochs=2, stop_after_steps=25)  # 21 steps an epoch
+    assert stopped == {"finished": False, "out": str(tmp_path / "resumed"), "epoch": 1, "batch": 4, "step": 25}
+    assert not (tmp_path / "resumed" / "weights.hdf5").exists()
+    resumed = train([corpus], tmp_path / "resumed", dropout_config)
+    assert resumed["finished"] and resumed["steps"] == straight["steps"]
+    with h5py.File(tmp_path / "straight" / "weights.hdf5") as a, h5py.File(tmp_path / "resumed" / "weights.hdf5") as b:
+        for name in ("CNN_proj/W_proj", "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_0"):
+            np.testing.assert_array_equal(a[name][...], b[name][...])
+
+
+def test_max_minutes_stops_after_the_first_step_past_the_deadline(corpus, tmp_path):
+    stopped = train([corpus], tmp_path / "m", "tiny", epochs=1, max_minutes=0)
+    assert not stopped["finished"] and stopped["step"] == 1
+    assert torch.load(tmp_path / "m" / "checkpoint.pt", weights_only=False)["state"]["step"] == 1
+
+
+def test_bf16_autocast_trains_resumes_and_exports_float32_published_weights(corpus, dropout_config, tmp_path):
+    """bf16 autocast (on the CPU here: torch autocasts matmuls and convolutions to bfloat16 on the CPU too) with
+    float32 weights and Adam state: it learns, stops and resumes bit for bit, and writes float32 weights in the
+    published layout that load back with the checkpoint's vectors. CUDA itself is not exercised in this test
+    (no GPU on the development machine): test_cuda_trains_and_resumes_on_the_gpu does that where there is one."""
+    straight = train([corpus], tmp_path / "straight", dropout_config, epochs=2, precision="bf16")
+    assert straight["precision"] == "bf16" and straight["device"] == "cpu"
+    fp32 = train([corpus], tmp_path / "fp32", dropout_config, epochs=2)
+    for direction in ("forward", "backward"):  # it learns about as well as float32 does
+        bf16_ppl = straight["heldout_perplexity"]["bilm_zero_state"][direction]
+        assert bf16_ppl < 1.15 * fp32["heldout_perplexity"]["bilm_zero_state"][direction]
+        assert bf16_ppl < 0.75 * (len(WORDS) + 3)
+    train([corpus], tmp_path / "resumed", dropout_config, epochs=2, precision="bf16", stop_after_steps=20)
+    checkpoint = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)
+    assert all(v.dtype == torch.float32 for v in checkpoint["model"].values() if v.is_floating_point())
+    moments = [v for s in checkpoint["optimizer"]["state"].values() for k, v in s.items() if k != "step"]
+    assert moments and all(v.dtype == torch.float32 for v in moments)
+    train([corpus], tmp_path / "resumed", dropout_config, precision="bf16")
+    out = tmp_path / "resumed"
+    with h5py.File(tmp_path / "straight" / "weights.hdf5") as a, h5py.File(out / "weights.hdf5") as b:
+        assert set(a) == set(b)
+        for name in ("char_embed", "CNN_proj/W_proj", "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"):
+            assert b[name].dtype == np.float32
+            np.testing.assert_array_equal(a[name][...], b[name][...])
+    bilm = load_bilm(out / "options.json", out / "weights.hdf5")
+    model = BiLanguageModel(load_options(out / "options.json"), len(Vocabulary.load(out / "vocab.txt")))
+    model.load_state_dict(torch.load(out / "checkpoint.pt", weights_only=False)["model"])
+    model.eval()
+    sentences = [["the", "cat", "sat"], ["a", "big", "dog", "ran", "slowly"]]
+    for a, b in zip(torch_layers(bilm, sentences), torch_layers(model.bilm, sentences), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the lent GPU machine)")
+def test_cuda_trains_and_resumes_on_the_gpu(corpus, dropout_config, tmp_path):
+    """Runs only where torch sees a GPU (the development machine has none, so this was not run there): a bf16 run
+    on CUDA stops and resumes (the CUDA RNG state travels in the checkpoint), its checkpoint loads on the CPU, and
+    it writes float32 weights that load back."""
+    stopped = train([corpus], tmp_path / "gpu", dropout_config, epochs=2, device="cuda", precision="bf16",
+                    batch_tokens=512, stop_after_steps=10)  # fmt: skip
+    assert not stopped["finished"]
+    log = train([corpus], tmp_path / "gpu", dropout_config, device="cuda", precision="bf16")
+    assert log["finished"] and log["device"] == "cuda" and log["config"]["batch_tokens"] == 512
+    train([corpus], tmp_path / "default", "tiny", device="cuda", stop_after_steps=1)
+    assert torch.load(tmp_path / "default" / "checkpoint.pt", weights_only=False)["config"]["batch_tokens"] == 32768
+    checkpoint = torch.load(tmp_path / "gpu" / "checkpoint.pt", weights_only=False, map_location="cpu")
+    assert checkpoint["cuda_rng"] is not None
+    bilm = load_bilm(tmp_path / "gpu" / "options.json", tmp_path / "gpu" / "weights.hdf5")
+    assert all(p.dtype == torch.float32 for p in bilm.parameters())
+    for direction in ("forward", "backward"):
+        assert log["heldout_perplexity"]["bilm_zero_state"][direction] < (len(WORDS) + 3) / 3
+
+
+def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_is_refused(monkeypatch):
+    from model_export.train import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"--device cuda: .* sees no CUDA GPU"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cli_device_cuda_without_a_gpu_fails_with_a_message(corpus, tmp_path):
+    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
+    run = subprocess.run(
+        [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "c"), "--config", "tiny",
+         "--device", "cuda"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1
+    assert "elmo-train: --device cuda:" in run.stderr and "no CUDA GPU" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "c").exists()
+
+
+def test_batch_tokens_is_fixed_when_a_run_starts(corpus, tmp_path):
+    stopped = train([corpus], tmp_path / "b", "tiny", epochs=1, batch_tokens=256, stop_after_steps=2)
+    assert not stopped["finished"]
+    with pytest.raises(ValueError, match="made with batches of 256 tokens"):
+        train([corpus], tmp_path / "b", "tiny", batch_tokens=1024)
+    log = train([corpus], tmp_path / "b", "tiny")  # resumes with its own batches
+    assert log["config"]["batch_tokens"] == 256
+    assert log["steps"] == len(make_batches([np.zeros(len(line.split()) + 2) for line in _train_lines(corpus)], 256))
+
+
+def _train_lines(corpus: Path) -> list[str]:
+    lines = [line for line in corpus.read_text().splitlines() if line.strip()]
+    return [line for i, line in enumerate(lines) if i % 50 != 49]
+
+
+def test_perplexity_per_held_out_file(corpus, tmp_path):
+    """One held-out file per source: the log and the model card give each one's biLM and bigram figures."""
+    a, b = write_corpus(tmp_path / "alpha.txt", 30, seed=3), write_corpus(tmp_path / "beta.txt", 20, seed=4)
+    log = train([corpus], tmp_path / "out", "tiny", epochs=1, heldout=[a, b])
+    by_file = log["heldout_perplexity_by_file"]
+    assert set(by_file) == {"alpha", "beta"}
+    assert by_file["alpha"]["tokens"] == sum(len(line.split()) for line in a.read_text().splitlines())
+    for f in by_file.values():
+        assert f["bilm_zero_state"]["forward"] > 1 and f["kneser_ney_bigram"]["backward"] > 1
+    card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert "| alpha |" in card and "| beta |" in card
+    assert log["sources"] is None  # no corpus manifest beside this text
+
+
+def test_the_model_card_states_the_corpus_sources_and_licences(corpus, tmp_path):
+    """Text from python -m model_export.corpus --sources: its manifest's sources and licences go into the card."""
+    (tmp_path / "c" / "train").mkdir(parents=True)
+    text = tmp_path / "c" / "train" / "toy.txt"
+    text.write_text(corpus.read_text())
+    manifest = {"sources": {"toy": {"packages": {"toy-pkg": "1.0"}, "license": "public domain",
+                                    "train": {"tokens": 123}}}}  # fmt: skip
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    log = train([text], tmp_path / "out", "tiny", epochs=1)
+    assert log["sources"] == {"toy": {"packages": {"toy-pkg": "1.0"}, "license": "public domain", "train_tokens": 123}}
+    assert "| toy | toy-pkg (1.0) | public domain | 123 |" in (tmp_path / "out" / "MODEL_CARD.md").read_text()
+
+
+def test_sweep_ranks_configs_by_held_out_perplexity_and_sizes_the_winner(corpus, tmp_path):
+    """Two architectures trained for the same steps; the winner's checkpoint is there to continue, and the epochs
+    that fit in a budget are computed from its measured rate."""
+    from model_export.sweep import sweep
+
+    _, opt, cfg = load_config("tiny")
+    smaller = tmp_path / "tinier.json"
+    tinier = opt.to_dict()
+    tinier["lstm"] |= {"dim": 4, "projection_dim": 4}
+    smaller.write_text(json.dumps({"options": tinier, "training": asdict(replace(cfg, warmup_steps=40))}))
+    held = write_corpus(tmp_path / "held.txt", 40, seed=5)
+    s = sweep([corpus], [held], ["tiny", str(smaller)], tmp_path / "sweep", steps=30, budget_minutes=1)
+    assert set(s["results"]) == {"tiny", str(smaller)} and s["best"] == "tiny"
+    for r in s["results"].values():
+        assert r["steps"] == 30 and r["tokens_per_second"] > 0
+    assert s["results"]["tiny"]["bilm_parameters"] > s["results"][str(smaller)]["bilm_parameters"]
+    assert s["epochs_in_budget"] >= 1 and s["steps_per_epoch"] == 21  # as many as training makes
+    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text()) == s
+    resumed = train([corpus], Path(s["results"]["tiny"]["out"]), "tiny", heldout=[held], epochs=1)
+    assert resumed["finished"] and resumed["steps"] == 30  # 30 steps past one epoch already: nothing more to do

@@ -1,0 +1,190 @@
+"""The corpus builder: each source's markup read into sentences, and the multi-source build (dedup across sources,
+a fixed held-out split per source, the manifest). Inline samples stand in for the Debian packages, which a fresh
+clone need not have."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from model_export.corpus import build_sources, looks_like_prose, source_heldout
+from model_export.sources import (
+    Source,
+    Unit,
+    html_paragraphs,
+    parse_gcide_entry,
+    plain_paragraphs,
+    pod_of_module,
+    pod_paragraphs,
+    rst_paragraphs,
+    split_sentences,
+)
+
+GCIDE_ENTRY = r"""Feeler \Feel"er\, n.
+   1. One who, or that which, feels.
+      [1913 Webster]
+
+   2. (Zool.) One of the sense organs or certain animals (as
+      insects), which are used in testing objects by touch; an antenna. [R.]
+      [1913 Webster]
+
+            Insects . . . perpetually feeling and searching
+            before them with their feelers or antenn[ae].
+                                                  --Derham.
+      [1913 Webster]
+
+   3. a gloss copied from WordNet 1.5
+      [WordNet 1.5]
+
+   Syn: antenna; palp.
+      [PJC]
+"""
+
+
+def test_gcide_entry_gives_definitions_and_quotations_without_markup():
+    headword, texts = parse_gcide_entry(GCIDE_ENTRY.splitlines())
+    assert headword == "feeler"
+    assert texts == [
+        "One who, or that which, feels.",
+        "One of the sense organs or certain animals (as insects), which are used in testing objects by touch; "
+        "an antenna.",
+        "Insects . . . perpetually feeling and searching before them with their feelers or antennae.",
+    ]
+
+
+def test_gcide_etymology_on_the_headword_lines_is_dropped():
+    entry = ["Benefit \\Ben\"e*fit\\, n. [OE. benefet, benfeet, F.", "   bienfait, fr. L. benefactum.]",
+             "   1. An act of kindness; a favor conferred.", "      [1913 Webster]"]  # fmt: skip
+    assert parse_gcide_entry(entry) == ("benefit", ["An act of kindness; a favor conferred."])
+
+
+def test_sentences_are_cut_at_stops_but_not_after_abbreviations_or_initials():
+    text = "Mr. Darcy came, e.g. on Monday. He saw J. Smith there!  Was it late? \u201cYes.\u201d The end"
+    assert split_sentences(text) == [
+        "Mr. Darcy came, e.g. on Monday.",
+        "He saw J. Smith there!",
+        "Was it late?",
+        "\u201cYes.\u201d",
+        "The end",
+    ]
+
+
+def test_rst_keeps_prose_and_drops_headings_code_and_tables():
+    text = """Title
+=====
+
+The :ref:`driver <drv>` reads ``struct foo`` and *emphasis*, see `docs <http://x>`_.
+It continues here as follows::
+
+    int code(void);
+
+.. code-block:: c
+
+   more code;
+
+.. note::
+
+   A note is prose.
+
++---+---+
+| a | b |
++---+---+
+
+- A bullet item.
+"""
+    assert rst_paragraphs(text) == [
+        "The driver reads struct foo and emphasis, see docs. It continues here as follows:",
+        "A note is prose.",
+        "A bullet item.",
+    ]
+
+
+def test_pod_keeps_ordinary_paragraphs_with_formatting_codes_as_text():
+    pod = "=head1 NAME\n\nThe B<print> function, see L<perlfunc/print> and L<the docs|perlop>; E<lt>x E<gt>.\n\n"
+    pod += "    verbatim code;\n\n=cut\n"
+    assert pod_paragraphs(pod) == ["The print function, see print and the docs; <x >."]
+    module = "package Foo;\nsub x {}\n=head1 DESCRIPTION\n\nFoo does things.\n\n=cut\n\nsub y {}\n"
+    assert pod_paragraphs(pod_of_module(module)) == ["Foo does things."]
+
+
+def test_plain_text_and_asciidoc_drop_headings_and_delimited_blocks():
+    text = """NAME
+----
+git-foo - do a thing
+
+DESCRIPTION
+-----------
+Run linkgit:git-commit[1] with `--amend` to change 'the' commit.
+
+------------
+$ git foo
+
+and more
+------------
+
+--verbose::
+	Say more.
+"""
+    assert plain_paragraphs(text) == [
+        "git-foo - do a thing",
+        "Run git-commit with --amend to change the commit.",
+        "Say more.",  # a definition list's text, without its term
+    ]
+
+
+def test_html_paragraphs_without_pre_blocks():
+    html = "<html><p>First <b>bold</b>\n paragraph.</p><pre><p>not this</p></pre><p>Second.</p></html>"
+    assert html_paragraphs(html) == ["First bold paragraph.", "Second."]
+
+
+def test_prose_filter():
+    assert looks_like_prose(str.split("The driver reads the value , then writes it ."))
+    assert not looks_like_prose(str.split("foo_bar ( x , y ) ; /sys/kernel/foo = 0x1f"))
+
+
+def _fake_sources() -> dict[str, Source]:
+    def alpha():
+        for k in range(200):
+            yield Unit(f"a{k}", (f"Alpha sentence number {k} is here. It has a second part {k}.",))
+        yield Unit("dup", ("The very same sentence appears twice.",))
+
+    def beta():
+        yield Unit("b0", ("The very same sentence appears twice.", "Too short"), split_sentences=False)
+        yield Unit("b1", ("x = foo_bar ( y ) ; /dev/null 0x1f", "This one is ordinary prose text."))
+
+    return {
+        "alpha": Source("alpha", ("pkg-a",), "public domain", "/nowhere", alpha),
+        "beta": Source("beta", ("pkg-b",), "GPL-2", "/nowhere", beta, prose_filter=True),
+    }
+
+
+def test_build_sources_dedups_splits_per_source_and_writes_a_manifest(tmp_path):
+    manifest = build_sources(tmp_path, ["alpha", "beta"], _fake_sources())
+    alpha, beta = manifest["sources"]["alpha"], manifest["sources"]["beta"]
+    assert alpha["units"] == 201 and alpha["license"] == "public domain"
+    held = [k for k in range(200) if source_heldout("alpha", f"a{k}")]
+    assert 0 < len(held) < 20  # about 1 in 50
+    assert alpha["heldout"]["sentences"] == 2 * len(held)
+    assert alpha["train"]["sentences"] == 2 * (200 - len(held)) + 1
+    heldout_text = (tmp_path / "heldout" / "alpha.txt").read_text()
+    assert f"Alpha sentence number {held[0]} is here ." in heldout_text  # tokenized like the service
+    # beta: its first sentence was already in alpha, "Too short" has 2 tokens, the code line is not prose
+    assert (beta["duplicate"], beta["too_short"], beta["not_prose"]) == (1, 1, 1)
+    assert (tmp_path / "train" / "beta.txt").read_text() + (tmp_path / "heldout" / "beta.txt").read_text() == (
+        "This one is ordinary prose text .\n"
+    )
+    for split in ("train", "heldout"):
+        path = tmp_path / split / "alpha.txt"
+        assert alpha[split]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert alpha[split]["tokens"] == sum(len(line.split()) for line in path.read_text().splitlines())
+    assert manifest["total"]["train"]["tokens"] == alpha["train"]["tokens"] + beta["train"]["tokens"]
+    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+    again = build_sources(tmp_path / "again", ["alpha", "beta"], _fake_sources())
+    assert again["sources"]["alpha"]["train"]["sha256"] == alpha["train"]["sha256"]  # reproducible
+
+
+def test_wordnet_keeps_the_held_out_synsets_of_the_wordnet_only_corpus():
+    import zlib
+
+    for key in ("n02787772", "v00001740", "a00001740"):
+        assert source_heldout("wordnet", key) == (zlib.crc32(key.encode()) % 50 == 0)
