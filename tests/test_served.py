@@ -397,6 +397,18 @@ def test_the_async_client_passes_model_through(server, engines, sentences):
     assert max_error(got, engines["tiny"].run(sentences[:4])) <= TOLERANCE
 
 
+def test_the_allennlp_adapter_embeds_with_the_model_named(server, engines, sentences):
+    from elmo_client.allennlp import ElmoEmbedder
+
+    elmo = ElmoEmbedder(url=server.url, model="manylangs")
+    try:
+        got, empty = elmo.embed_batch([sentences[0], []])
+    finally:
+        elmo.close()
+    assert empty.shape == (3, 0, 16)  # that model's shape, not the default's (3, 0, 256)
+    assert max_error([got], engines["manylangs"].run([sentences[0]])) <= TOLERANCE
+
+
 def test_no_request_failed_on_the_server(client, server):
     """Last: nothing above made the server answer 5xx (but the flooded one's 503s, on another server) or log a
     traceback."""

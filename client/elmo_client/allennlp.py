@@ -49,11 +49,14 @@ class ElmoEmbedder:
         api_key: str | None = None,
         client: Client | None = None,
         timeout: float = 60.0,
+        model: str | None = None,
     ) -> None:
-        # options_file, weight_file, cuda_device: the server's model and device serve instead.
+        # options_file, weight_file, cuda_device: the server's model and device serve instead; `model`: which of
+        # the server's models (None: its default).
         self.client = client or Client(
             url or os.environ.get("ELMO_URL"), api_key or os.environ.get("ELMO_API_KEY"), timeout=timeout
         )
+        self.model = model
 
     def close(self) -> None:
         """Close the client's connections (not in allennlp, whose embedder holds none)."""
@@ -67,8 +70,9 @@ class ElmoEmbedder:
         """One array (num_layers, n_tokens, dim) per sentence; an empty sentence gets zeros of shape
         (num_layers, 0, dim), float64 as allennlp's empty_embedding()."""
         given = [list(sentence) for sentence in batch if len(sentence) > 0]
-        layers = iter(self.client.embed(given, output="layers") if given else [])
-        empty = (self.client.num_layers, 0, self.client.dim)
+        layers = iter(self.client.embed(given, output="layers", model=self.model) if given else [])
+        shape = self.client.info() if self.model is None else self.client.info()["models"][self.model]
+        empty = (int(shape["num_layers"]), 0, int(shape["dim"]))
         return [next(layers) if len(sentence) > 0 else np.zeros(empty) for sentence in batch]
 
     def embed_sentences(
