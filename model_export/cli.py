@@ -56,6 +56,10 @@ def export_main(argv: list[str] | None = None) -> int:
         parser.error("--initial-state warm and --warmup-text FILE go together")
     if args.window < 1:
         parser.error("--window must be at least 1")
+    from service.tokenize import LANGUAGES
+
+    if args.language not in LANGUAGES:
+        parser.error(f"--language {args.language!r}: Moses has rules for {', '.join(LANGUAGES)}")
     layout = _layout(parser, args)
     if layout == "elmoformanylangs" and args.warmup_text:
         parser.error("--initial-state warm is for published-layout models")
@@ -95,14 +99,15 @@ def _layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     layout = args.format
     if layout == "auto":
         layout = "elmoformanylangs" if is_manylangs(folder) else "bilm-tf"
-    if layout == "bilm-tf":
-        weights = [folder / "weights.hdf5"] if (folder / "weights.hdf5").is_file() else sorted(folder.glob("*.hdf5"))
-        if not (folder / "options.json").is_file() or len(weights) != 1:
+    if layout == "bilm-tf":  # as published: options.json and weights.hdf5, or one *options*.json and *weights*.hdf5
+        options = [folder / "options.json"] if (folder / "options.json").is_file() else [*folder.glob("*options*.json")]
+        weights = [folder / "weights.hdf5"] if (folder / "weights.hdf5").is_file() else [*folder.glob("*weights*.hdf5")]
+        if len(options) != 1 or len(weights) != 1:
             parser.error(
                 f"{folder} is neither an ELMoForManyLangs folder (config.json, char.dic, token_embedder.pkl, "
-                "encoder.pkl) nor one holding options.json and one .hdf5 weight file: give --options and --weights"
+                "encoder.pkl) nor one holding one *options*.json and one *weights*.hdf5: give --options and --weights"
             )
-        args.options, args.weights = folder / "options.json", weights[0]
+        args.options, args.weights = options[0], weights[0]
     return layout
 
 

@@ -19,7 +19,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import QueueFull, TooLarge
 from service.encode import BYTES_PER_NUMBER, JSON, NPZ, Base64, answer_bytes, json_response, respond, wants_npz
-from service.mapping import BILM_TF
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.mix import compose
@@ -347,7 +346,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {
                 "model": model.name,
                 "max_tokens_per_sentence": settings.max_tokens_per_sentence,
-                "max_bytes_per_token": mapping.max_chars - 2 if mapping.family == BILM_TF else None,
+                "max_bytes_per_token": mapping.max_bytes,
                 "token_cut": mapping.cut,
                 "data": data,
                 "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))},

@@ -31,13 +31,16 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.mapping import BilmTfMapping, ManyLangsMapping, load_mapping
+from service.mapping import Mapping, load_mapping
 
 log = logging.getLogger("elmo.engine")
 MANIFEST = "manifest.json"
 # The graph this engine feeds (model_export/onnx_graph.py writes it): bumped whenever the graph changes (inputs,
-# outputs or what it computes fast); an export of another version is refused.
-GRAPH_VERSION = 6
+# outputs or what it computes fast), or what the engine must feed it; an export of another version is refused.
+# 7: the manifest's token_mapping (an ELMoForManyLangs export reads other ids, which an engine of version 6 would
+# feed bytes to). An export of version 6 is the same graph with the published byte mapping, and is still served.
+GRAPH_VERSION = 7
+READABLE_GRAPH_VERSIONS = (6, 7)
 
 
 class TokenCache:
@@ -71,9 +74,6 @@ class TokenCache:
             self._vectors.move_to_end(key)
             while len(self._vectors) > self.size:
                 self._vectors.popitem(last=False)
-
-
-Mapping = BilmTfMapping | ManyLangsMapping
 
 
 def sentence_keys(sentence: Sequence[str], mapping: Mapping) -> list[Hashable]:
@@ -299,7 +299,7 @@ def read_manifest(model_dir: str | Path) -> ModelInfo:
         )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise _not_a_manifest(path, err) from None
-    if manifest.get("graph_version") != GRAPH_VERSION:
+    if manifest.get("graph_version") not in READABLE_GRAPH_VERSIONS:
         raise ValueError(
             f"{path} holds graph version {manifest.get('graph_version')}, and this engine feeds version "
             f"{GRAPH_VERSION}: export it again with elmo-export"

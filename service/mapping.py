@@ -36,6 +36,7 @@ class BilmTfMapping:
         self.width = max_chars
         self.boundaries = (BOS_TOKEN, EOS_TOKEN)
         self.cut = f"the first {max_chars - 2} UTF-8 bytes"
+        self.max_bytes = max_chars - 2  # what a token's row keeps of it, at most
 
     def key(self, token: str) -> Hashable:
         return char_key(token, self.max_chars)
@@ -63,6 +64,7 @@ class ManyLangsMapping:
         self.width = max_chars + (words is not None)
         self.boundaries = ("<bos>", "<eos>")
         self.cut = f"the first {max_chars - 2} characters"
+        self.max_bytes = None  # characters are kept, whatever their bytes
         # The package reads '<eow>' into its begin-of-word id and '<bow>' into its end-of-word id (frontend.py and
         # biLM.py, create_one_batch), and its models were trained so: each word starts with <eow>'s id.
         self._begin, self._end = chars["<eow>"], chars["<bow>"]
@@ -92,21 +94,25 @@ class ManyLangsMapping:
 
 
 def read_dictionary(path: Path) -> dict[str, int]:
-    """char.dic / word.dic as the package reads them: `entry<TAB>id` per line, the line stripped first; a line
-    left with one field is U+3000 (the ideographic space, which the strip took away); a later line wins."""
+    """char.dic / word.dic as the package reads them: `entry<TAB>id` per line (lines end wherever
+    str.splitlines ends them, as its codecs.open reader does: also at \\x1c, \\x85, \\u2028...), the line stripped
+    first; a line left with one field is U+3000 (the ideographic space, which the strip took away); a later line
+    wins."""
     table = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            fields = line.strip().split("\t")
-            if len(fields) == 1:
-                fields.insert(0, "\u3000")
-            if len(fields) != 2 or not fields[1].lstrip("-").isdigit():
-                raise ValueError(f"{path}:{number}: not `entry<TAB>id`")
-            table[fields[0]] = int(fields[1])
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        fields = line.strip().split("\t")
+        if len(fields) == 1:
+            fields.insert(0, "\u3000")
+        if len(fields) != 2 or not fields[1].lstrip("-").isdigit():
+            raise ValueError(f"{path}:{number}: not `entry<TAB>id`")
+        table[fields[0]] = int(fields[1])
     return table
 
 
-def load_mapping(model_dir: str | Path, manifest: dict) -> BilmTfMapping | ManyLangsMapping:
+Mapping = BilmTfMapping | ManyLangsMapping
+
+
+def load_mapping(model_dir: str | Path, manifest: dict) -> Mapping:
     """The mapping a model folder's manifest names (a manifest without one is bilm-tf's)."""
     max_chars = int(manifest["architecture"]["char_cnn"]["max_characters_per_token"])
     spec = manifest.get("token_mapping", {"family": BILM_TF})

@@ -9,15 +9,20 @@ from functools import lru_cache
 from itertools import islice
 
 from sacremoses import MosesTokenizer
+from sacremoses.corpus import NonbreakingPrefixes
 
 _ASCII_JUNK = re.compile(r"[\x00-\x1f]")  # what Moses deletes once whitespace is made single spaces
 # A run of the characters Moses keeps together (its own IsAlnum class), or any one other visible character.
 _PIECE = re.compile(rf"[{MosesTokenizer.IsAlnum}]+|[^{MosesTokenizer.IsAlnum}\s]")
 
 
+# The languages whose non-breaking prefixes ("Dr.", "ca.") Moses has; it takes English's for any other code.
+LANGUAGES = tuple(sorted(set(NonbreakingPrefixes().available_langs.values())))
+
+
 @lru_cache(maxsize=8)
 def _moses(language: str) -> MosesTokenizer:
-    return MosesTokenizer(lang=language)  # its non-breaking prefixes ("Dr.", "z.B."); an unknown language: none
+    return MosesTokenizer(lang=language)
 
 
 def tokenize(text: str, language: str = "en") -> list[str]:

@@ -1,6 +1,8 @@
 """The ONNX Runtime engine: feeds, providers, shapes."""
 
+import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -167,3 +169,18 @@ def test_auto_without_a_usable_gpu_serves_the_cpus_graph(tiny_model_dir, engine,
     fallen = Engine(tiny_model_dir, provider="auto")
     assert (fallen.provider, fallen.device, fallen.graph.kind) == ("CPUExecutionProvider", "cpu", "loop")
     np.testing.assert_array_equal(fallen.run([["still", "exact"]])[0], engine.run([["still", "exact"]])[0])
+
+
+def test_an_export_of_graph_version_6_is_still_served(tiny_model_dir, engine, sentences, tmp_path):
+    """Version 6 wrote no token_mapping nor tokenizer: the same graph, the published byte mapping, English."""
+    old = tmp_path / "v6"
+    shutil.copytree(tiny_model_dir, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    assert manifest["graph_version"] == 7
+    manifest["graph_version"] = 6
+    del manifest["token_mapping"], manifest["tokenizer"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    served = Engine(old, provider="cpu", intra_op_threads=1)
+    assert (served.mapping.family, served.info.language) == ("bilm-tf", "en")
+    for got, want in zip(served.run(sentences[:5]), engine.run(sentences[:5]), strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -264,7 +264,7 @@ def test_moses_never_runs_on_a_text_that_is_refused(tiny_model_dir, monkeypatch)
     from service.settings import Settings
 
     read = []  # the lengths of the texts Moses was given
-    monkeypatch.setattr(service.app, "tokenize", lambda text: read.append(len(text)) or text.split())
+    monkeypatch.setattr(service.app, "tokenize", lambda text, language="en": read.append(len(text)) or text.split())
     settings = Settings(model_dir=tiny_model_dir, provider="cpu", intra_op_threads=1, inter_op_threads=1)
     app = service.app.create_app(settings)
 

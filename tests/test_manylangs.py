@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def sentences() -> list[list[str]]:
 def package_layers() -> list[np.ndarray]:
     """elmoformanylangs' layers (L+1, tokens, 2P) of each fixture sentence, from its first batch after loading."""
     data = np.load(FIXTURE / "expected_layers.npz")
-    return [data[f"s{i}"] for i in range(sum(name.startswith("s") for name in data.files) - 1)]
+    return [data[f"s{i}"] for i in range(len(json.loads((FIXTURE / "sentences.json").read_text(encoding="utf-8"))))]
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +124,9 @@ def test_dictionaries_are_read_as_the_package_reads_them(tmp_path):
     # the line's ends are stripped first: U+3000 alone becomes an id alone, which stands for U+3000; a space inside
     # the line stays; a later line wins
     assert read_dictionary(path) == {"a": 3, "\u3000": 1, "b ": 2}
+    # lines end where its reader (codecs.open) ends them, at \x1c too: "12" alone is U+3000's id
+    path.write_text("12\x1c34\t5\n", encoding="utf-8")
+    assert read_dictionary(path) == {"\u3000": 12, "34": 5}
     path.write_text("a\t0\nno id here\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"char\.dic:2"):
         read_dictionary(path)
@@ -179,6 +183,18 @@ def test_elmo_export_tells_the_layout_by_the_files(tmp_path):
     assert run.returncode == 2 and "neither an ELMoForManyLangs folder" in run.stderr
     run = export_cli(str(FIXTURE), "--options", "x.json", "--out", str(tmp_path / "both"))
     assert run.returncode == 2 and "not both" in run.stderr
+    run = export_cli(str(FIXTURE), "--language", "xx", "--out", str(tmp_path / "xx"))
+    assert run.returncode == 2 and "Moses has rules for" in run.stderr and " de, " in run.stderr
+
+
+def test_elmo_export_takes_a_published_folder_as_downloaded(tiny_dir, tmp_path):
+    folder = tmp_path / "download"  # allennlp's file names
+    folder.mkdir()
+    shutil.copyfile(tiny_dir / "options.json", folder / "elmo_2x16_tiny_options.json")
+    shutil.copyfile(tiny_dir / "lm_weights.hdf5", folder / "elmo_2x16_tiny_weights.hdf5")
+    run = export_cli(str(folder), "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    assert read_manifest(tmp_path / "out").mapping.family == "bilm-tf"
 
 
 # -- served ---------------------------------------------------------------------------------------------------------
