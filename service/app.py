@@ -34,7 +34,7 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from service.served import ServedModel, ServedModels, UnknownModel, load_models
+from service.served import ServedModel, ServedModels, UnknownModel, load_models, shown
 from service.settings import Settings
 from service.tokenize import max_tokens, min_tokens, tokenize
 
@@ -42,7 +42,6 @@ log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 404, 413, 422, 503)}  # 404: an unknown `model`
 MAX_ERRORS = 10  # a body with 100 000 wrong tokens is told about the first few, not in a 10 MB answer
-MAX_NAME = 64  # characters of a field name in an answer: an unknown field may be a megabyte long
 
 
 class ApiError(Exception):
@@ -517,7 +516,7 @@ def _at_most(items: list, limit: int, field: str, truncate: bool = False) -> lis
 
 
 def _cut(part: str | int) -> str | int:
-    return part[:MAX_NAME] + "..." if isinstance(part, str) and len(part) > MAX_NAME else part
+    return shown(part) if isinstance(part, str) else part  # an unknown field's name may be a megabyte long
 
 
 def _retry(settings: Settings) -> dict:

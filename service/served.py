@@ -18,15 +18,19 @@ from service.settings import Settings, default_batch_tokens
 from service.stepper import Stepper
 
 log = logging.getLogger("elmo.service")
-MAX_NAME_SHOWN = 64  # characters of an unknown name echoed back: a client may send a megabyte of it
+MAX_NAME_SHOWN = 64  # characters of a name a client sent, echoed back: it may have sent a megabyte of it
+
+
+def shown(name: str) -> str:
+    """A name a client sent, cut to MAX_NAME_SHOWN characters for an answer."""
+    return name[:MAX_NAME_SHOWN] + "..." if len(name) > MAX_NAME_SHOWN else name
 
 
 class UnknownModel(LookupError):
     """A request named a model this server does not serve."""
 
     def __init__(self, name: str, known: list[str]):
-        shown = name[:MAX_NAME_SHOWN] + "..." if len(name) > MAX_NAME_SHOWN else name
-        super().__init__(f"unknown model {shown!r}; this server serves: {', '.join(known)}")
+        super().__init__(f"unknown model {shown(name)!r}; this server serves: {', '.join(known)}")
 
 
 @dataclass(frozen=True)

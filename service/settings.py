@@ -185,4 +185,6 @@ class Settings(BaseSettings):
         left unset, as the engine's provider decided them."""
         values = self.model_dump(mode="json")
         values.update({name: value for name, value in resolved.items() if values.get(name) is None})
+        # the default model's, also where ELMO_MODELS named the models (and model_dir kept its unused default)
+        values["model_name"], values["model_dir"] = self.models[0][0], str(self.models[0][1])
         return values

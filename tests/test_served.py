@@ -18,7 +18,7 @@ import subprocess
 import httpx
 import numpy as np
 import pytest
-from elmo_client import AsyncClient, Client
+from elmo_client import AsyncClient, Client, ElmoError
 
 from service.engine import Engine
 from service.tokenize import tokenize
@@ -246,6 +246,7 @@ def test_info_keeps_the_default_on_top_and_describes_every_model(client, folders
     assert info["limits"]["queue_tokens"] == 65536 and info["limits"]["batch_tokens"] == 4096
     assert info["limits"]["max_answer_bytes"] == ANSWER_BYTES
     assert info["settings"]["models"] == [[name, str(folder)] for name, folder in folders.items()]
+    assert (info["settings"]["model_name"], info["settings"]["model_dir"]) == ("default", str(folders["default"]))
     assert list(info["models"]) == list(NAMES)
     for name, model in info["models"].items():
         assert (model["num_layers"], model["dim"]) == SHAPES[name]
@@ -407,6 +408,11 @@ def test_the_allennlp_adapter_embeds_with_the_model_named(server, engines, sente
         elmo.close()
     assert empty.shape == (3, 0, 16)  # that model's shape, not the default's (3, 0, 256)
     assert max_error([got], engines["manylangs"].run([sentences[0]])) <= TOLERANCE
+    elmo = ElmoEmbedder(url=server.url, model="nope")
+    with pytest.raises(ElmoError, match="unknown model 'nope'") as raised:
+        elmo.embed_batch([[]])  # asks the server nothing but /info
+    elmo.close()
+    assert raised.value.status == 404
 
 
 def test_no_request_failed_on_the_server(client, server):

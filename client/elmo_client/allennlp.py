@@ -24,7 +24,7 @@ from typing import IO
 
 import numpy as np
 
-from elmo_client.client import Client
+from elmo_client.client import Client, ElmoError
 
 log = logging.getLogger("elmo_client.allennlp")
 
@@ -71,9 +71,19 @@ class ElmoEmbedder:
         (num_layers, 0, dim), float64 as allennlp's empty_embedding()."""
         given = [list(sentence) for sentence in batch if len(sentence) > 0]
         layers = iter(self.client.embed(given, output="layers", model=self.model) if given else [])
-        shape = self.client.info() if self.model is None else self.client.info()["models"][self.model]
-        empty = (int(shape["num_layers"]), 0, int(shape["dim"]))
+        num_layers, dim = self._shape()
+        empty = (num_layers, 0, dim)
         return [next(layers) if len(sentence) > 0 else np.zeros(empty) for sentence in batch]
+
+    def _shape(self) -> tuple[int, int]:
+        """(num_layers, dim) of the model embedded with: the server's default, or `model` among those it serves."""
+        info = self.client.info()
+        served = info.get("models")
+        if self.model is not None and served is not None:
+            if self.model not in served:
+                raise ElmoError(f"model: unknown model {self.model!r}; this server serves: {', '.join(served)}", 404)
+            info = served[self.model]
+        return int(info["num_layers"]), int(info["dim"])
 
     def embed_sentences(
         self, sentences: Iterable[list[str]], batch_size: int = DEFAULT_BATCH_SIZE
