@@ -400,7 +400,12 @@ def train(
 
     sentences = read_sentences(corpus)
     if heldout:
-        heldout_sets = {Path(p).stem: read_sentences([p]) for p in heldout}
+        read = {Path(p): read_sentences([p]) for p in heldout}
+        if empty := [str(p) for p, v in read.items() if not v]:  # refused now, not in the evaluation at the end
+            raise ValueError(f"held-out file with no sentences: {', '.join(empty)}")
+        if len({p.stem for p in read}) < len(read):
+            raise ValueError("held-out files are reported by name: give files of different names")
+        heldout_sets = {p.stem: v for p, v in read.items()}
         train_sentences, heldout_sentences = sentences, [s for v in heldout_sets.values() for s in v]
     else:
         train_sentences = [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]

@@ -31,6 +31,10 @@ OUT=${OUT:-build/gpu-out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 log() { echo "gpu-train: $*" >&2; }
+die() {
+    log "$*"
+    exit 1
+}
 
 setup() {
     mkdir -p "$RUN" "$OUT"
@@ -74,6 +78,9 @@ sweep() {
 train() {
     setup
     local best epochs
+    # The sweep's results and the checkpoint live on the machine, which goes back after 30 s idle with them.
+    [ -f "$RUN/sweep/sweep.json" ] || die "no sweep on this machine ($RUN/sweep/sweep.json): it was released since \
+(and its checkpoint with it); run '$0 sweep' again"
     best=$($PY -c "import json; print(json.load(open('$RUN/sweep/sweep.json'))['best'])")
     epochs=$($PY -c "import json; print(json.load(open('$RUN/sweep/sweep.json'))['epochs_in_budget'])")
     log "continuing $best for $epochs epochs in all, $TRAIN_CALL_MINUTES minutes in this call"

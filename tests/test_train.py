@@ -406,6 +406,18 @@ def test_perplexity_per_held_out_file(corpus, tmp_path):
     assert log["sources"] is None  # no corpus manifest beside this text
 
 
+def test_an_empty_or_ambiguous_held_out_file_is_refused_before_training(corpus, tmp_path):
+    a, empty = write_corpus(tmp_path / "alpha.txt", 30, seed=3), tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=r"held-out file with no sentences: .*empty\.txt"):
+        train([corpus], tmp_path / "out", "tiny", epochs=1, heldout=[a, empty])
+    (tmp_path / "other").mkdir()
+    twin = write_corpus(tmp_path / "other" / "alpha.txt", 10, seed=5)
+    with pytest.raises(ValueError, match="different names"):
+        train([corpus], tmp_path / "out", "tiny", epochs=1, heldout=[a, twin])
+    assert not (tmp_path / "out" / "checkpoint.pt").exists()  # nothing trained
+
+
 def test_the_model_card_states_the_corpus_sources_and_licences(corpus, tmp_path):
     """Text from python -m model_export.corpus --sources: its manifest's sources and licences go into the card."""
     (tmp_path / "c" / "train").mkdir(parents=True)
