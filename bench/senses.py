@@ -25,21 +25,27 @@ from service.engine import Engine
 MIN_SENSES = 2
 
 
-def load_occurrences(path: Path) -> tuple[list[list[str]], list[tuple[int, int, str, str, bool]]]:
-    """Sentences, and (sentence, position, word, synset, held_out) for each example word that is a lemma of its
-    synset and appears in the examples of at least two synsets."""
+def lemma_occurrences(path: Path) -> tuple[list[list[str]], list[tuple[int, int, str, dict]]]:
+    """The examples' sentences, and (sentence, position, word, its example's record) for each lemma (one word) of
+    the example's synset found in it (bench.syntax reads them too)."""
     records = [json.loads(line) for line in path.read_text().splitlines()]
     occurrences = []
     for i, r in enumerate(records):
         lemmas = {lemma.lower() for lemma in r["lemmas"] if " " not in lemma}
-        for j, token in enumerate(r["tokens"]):
-            if token.lower() in lemmas:
-                occurrences.append((i, j, token.lower(), r["synset"], r["split"] == "heldout"))
+        occurrences += [(i, j, t.lower(), r) for j, t in enumerate(r["tokens"]) if t.lower() in lemmas]
+    return [r["tokens"] for r in records], occurrences
+
+
+def load_occurrences(path: Path) -> tuple[list[list[str]], list[tuple[int, int, str, str, bool]]]:
+    """Sentences, and (sentence, position, word, synset, held_out) for each example word that is a lemma of its
+    synset and appears in the examples of at least two synsets."""
+    sentences, found = lemma_occurrences(path)
+    occurrences = [(i, j, word, r["synset"], r["split"] == "heldout") for i, j, word, r in found]
     synsets = defaultdict(set)
     for _, _, word, synset, _ in occurrences:
         synsets[word].add(synset)
     kept = [o for o in occurrences if len(synsets[o[2]]) >= MIN_SENSES]
-    return [r["tokens"] for r in records], kept
+    return sentences, kept
 
 
 def nearest_neighbour_accuracy(

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.senses import lemma_occurrences
 from service.engine import Engine
 
 POS = {"n": "noun", "v": "verb", "a": "adjective", "s": "adjective", "r": "adverb"}
@@ -34,14 +35,8 @@ RIDGE = 1.0  # L2 penalty, on standardized features
 def load_occurrences(path: Path) -> tuple[list[list[str]], list[tuple[int, int, str, str, bool]]]:
     """Sentences, and (sentence, position, word, part of speech, held_out) for each lemma (one word) of the
     example's synset found in it."""
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    occurrences = []
-    for i, r in enumerate(records):
-        lemmas = {lemma.lower() for lemma in r["lemmas"] if " " not in lemma}
-        for j, token in enumerate(r["tokens"]):
-            if token.lower() in lemmas:
-                occurrences.append((i, j, token.lower(), POS[r["synset"][0]], r["split"] == "heldout"))
-    return [r["tokens"] for r in records], occurrences
+    sentences, found = lemma_occurrences(path)
+    return sentences, [(i, j, word, POS[r["synset"][0]], r["split"] == "heldout") for i, j, word, r in found]
 
 
 def ambiguous_words(occurrences) -> set[str]:
