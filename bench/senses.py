@@ -36,6 +36,16 @@ def lemma_occurrences(path: Path) -> tuple[list[list[str]], list[tuple[int, int,
     return [r["tokens"] for r in records], occurrences
 
 
+def sentence_layers(model: Path, sentences: list[list[str]], needed: list[int]) -> dict[int, np.ndarray]:
+    """The layers of the sentences at `needed`, from the exported model on the CPU, 256 sentences per call."""
+    engine = Engine(model, provider="cpu")
+    layers = {}
+    for start in range(0, len(needed), 256):
+        chunk = needed[start : start + 256]
+        layers.update(zip(chunk, engine.run([sentences[i] for i in chunk]), strict=True))
+    return layers
+
+
 def load_occurrences(path: Path) -> tuple[list[list[str]], list[tuple[int, int, str, str, bool]]]:
     """Sentences, and (sentence, position, word, synset, held_out) for each example word that is a lemma of its
     synset and appears in the examples of at least two synsets."""
@@ -82,23 +92,17 @@ def main() -> None:
     parser.add_argument("--examples", type=Path, default=Path("build/corpus/examples.jsonl"))
     args = parser.parse_args()
     sentences, occurrences = load_occurrences(args.examples)
-    engine = Engine(args.model, provider="cpu")
     needed = sorted({o[0] for o in occurrences})
-    layers = {}
-    for start in range(0, len(needed), 256):
-        chunk = needed[start : start + 256]
-        for i, out in zip(chunk, engine.run([sentences[i] for i in chunk]), strict=True):
-            layers[i] = out
+    layers = sentence_layers(args.model, sentences, needed)
+    num_layers = next(iter(layers.values())).shape[0]
     words = [o[2] for o in occurrences]
     senses = [o[3] for o in occurrences]
     print(f"{len(occurrences)} occurrences of {len(set(words))} words in {len(needed)} WordNet usage examples")
     held = {n for n, o in enumerate(occurrences) if o[4]}
     print("| layer | 1-NN same-sense accuracy | chance | held-out queries only | chance |")
     print("|---|---|---|---|---|")
-    rows = [(str(k), np.stack([layers[i][k, j] for i, j, *_ in occurrences])) for k in range(engine.info.num_layers)]
-    rows.append(
-        (f"mean of 1..{engine.info.num_layers - 1}", np.stack([layers[i][1:, j].mean(0) for i, j, *_ in occurrences]))
-    )
+    rows = [(str(k), np.stack([layers[i][k, j] for i, j, *_ in occurrences])) for k in range(num_layers)]
+    rows.append((f"mean of 1..{num_layers - 1}", np.stack([layers[i][1:, j].mean(0) for i, j, *_ in occurrences])))
     for name, vectors in rows:
         acc, chance, n = nearest_neighbour_accuracy(vectors, words, senses, np.random.default_rng(0))
         h_acc, h_chance, h_n = nearest_neighbour_accuracy(vectors, words, senses, np.random.default_rng(0), held)

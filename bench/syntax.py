@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.senses import lemma_occurrences
-from service.engine import Engine
+from bench.senses import lemma_occurrences, sentence_layers
 
 POS = {"n": "noun", "v": "verb", "a": "adjective", "s": "adjective", "r": "adverb"}
 RIDGE = 1.0  # L2 penalty, on standardized features
@@ -94,14 +93,7 @@ def probe_layers(layers: dict[int, np.ndarray], occurrences) -> list[dict]:
 
 def run(model: Path, examples: Path) -> list[dict]:
     sentences, occurrences = load_occurrences(examples)
-    engine = Engine(model, provider="cpu")
-    needed = sorted({o[0] for o in occurrences})
-    layers = {}
-    for start in range(0, len(needed), 256):
-        chunk = needed[start : start + 256]
-        for i, out in zip(chunk, engine.run([sentences[i] for i in chunk]), strict=True):
-            layers[i] = out
-    return probe_layers(layers, occurrences)
+    return probe_layers(sentence_layers(model, sentences, sorted({o[0] for o in occurrences})), occurrences)
 
 
 def main(argv: list[str] | None = None) -> None:
