@@ -54,7 +54,7 @@ from bench.common import (
     percentiles,
     tiny_model,
 )
-from model_export.export import cosine_min, max_abs_error
+from model_export.export import cosine_min, max_abs_error, torch_layers
 from service.engine import Engine, choose_providers, cuda_options, nodes_off, placed_session, read_manifest
 
 ALLENNLP_SCRIPT = Path(__file__).resolve().parent / "allennlp_baseline.py"
@@ -266,22 +266,11 @@ def torch_runner(paths: dict[str, Path], device: str) -> Callable:
     import torch
 
     from model_export.weights import load_bilm
-    from service.chars import sentence_char_ids
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = load_bilm(paths["options"], paths["weights"]).to(device).eval()
-    max_chars = model.options.max_chars
-
-    def run(sentences: list[list[str]]) -> list[np.ndarray]:
-        chars = np.zeros((len(sentences), max(map(len, sentences)) + 2, max_chars), dtype=np.int64)
-        for row, sentence in enumerate(sentences):
-            chars[row, : len(sentence) + 2] = sentence_char_ids(sentence, max_chars)
-        with torch.no_grad():
-            layers = model(torch.from_numpy(chars).to(device)).cpu().numpy()
-        return [layers[:, row, 1 : len(s) + 1] for row, s in enumerate(sentences)]
-
-    return run
+    return lambda sentences: torch_layers(model, sentences)
 
 
 def allennlp(python: str, paths: dict[str, Path], sentences, batches, device: str, seconds: float) -> dict:

@@ -55,15 +55,16 @@ def sha256(path: str | Path) -> str:
 
 
 def torch_layers(model: BiLM, sentences: list[list[str]], mapping=None) -> list[np.ndarray]:
-    """The reference: each sentence's layers from the PyTorch biLM, boundary tokens removed; tokens mapped to
-    ids by `mapping` (service/mapping.py; default: the published byte mapping)."""
+    """The reference: each sentence's layers from the PyTorch biLM (on whichever device it is), boundary tokens
+    removed; tokens mapped to ids by `mapping` (service/mapping.py; default: the published byte mapping)."""
     mapping = mapping or BilmTfMapping(model.options.max_chars)
     chars = np.zeros((len(sentences), max(len(s) for s in sentences) + 2, mapping.width), dtype=np.int64)
     for row, sentence in enumerate(sentences):
         chars[row, : len(sentence) + 2] = [mapping.row(key) for key in sentence_keys(sentence, mapping)]
     lengths = torch.tensor([len(s) + 2 for s in sentences])
+    device = next(model.parameters()).device
     with torch.no_grad():
-        layers = model(torch.from_numpy(chars), lengths).numpy()
+        layers = model(torch.from_numpy(chars).to(device), lengths.to(device)).cpu().numpy()
     return [layers[:, row, 1 : len(s) + 1] for row, s in enumerate(sentences)]
 
 
