@@ -124,6 +124,12 @@ def train_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="small", help="small, tiny, or a JSON file (see model_export/configs/)")
     parser.add_argument("--init", type=Path, help="fine-tune this model folder (options.json + weights.hdf5)")
     parser.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="a budget of optimizer steps in all, ending training inside an epoch (default: the config's steps, "
+        "else epochs x batches); the learning-rate schedule spans it",
+    )
     parser.add_argument("--heldout", nargs="+", type=Path, help="held-out text (default: every 50th corpus line)")
     parser.add_argument(
         "--threads", type=int, help="torch threads (default: all cores; 1 is faster on a machine busy with other work)"
@@ -153,7 +159,7 @@ def train_main(argv: list[str] | None = None) -> int:
         "--stop-after-steps", type=int, help="stop at a checkpoint at this optimizer step (counted over the whole run)"
     )
     args = parser.parse_args(argv)
-    for flag in ("batch_tokens", "stop_after_steps"):
+    for flag in ("batch_tokens", "stop_after_steps", "steps"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.threads:
@@ -173,6 +179,7 @@ def train_main(argv: list[str] | None = None) -> int:
             batch_tokens=args.batch_tokens,
             max_minutes=args.max_minutes,
             stop_after_steps=args.stop_after_steps,
+            steps=args.steps,
         )
     except (ValueError, OSError) as err:
         print(f"elmo-train: {err}", file=sys.stderr)

@@ -63,6 +63,10 @@ class TrainingConfig:
     vocab_size: int = 16000
     min_count: int = 1
     epochs: int = 5
+    # A budget of optimizer steps in all, when one pass over the corpus is more than the time allows: training
+    # stops there, the learning-rate schedule spans exactly these steps, and the batches are the first of the
+    # (shuffled) epoch, so the words seen are a random sample of the corpus. None: epochs x batches per epoch.
+    steps: int | None = None
     batch_tokens: int = 4096  # padded tokens per batch (<S> and </S> included), on the CPU
     cuda_batch_tokens: int = 32768  # the same on a GPU, which needs larger batches to be kept busy
     learning_rate: float = 2e-3
@@ -196,7 +200,7 @@ class Trainer:
         after the first step that ends past `deadline` (time.monotonic())."""
         cfg = self.config
         batches = make_batches(train_rows, cfg.batch_tokens)
-        total_steps = cfg.epochs * len(batches)
+        total_steps = min(cfg.steps or math.inf, cfg.epochs * len(batches))
         type_chars, type_targets = (t.to(self.device) for t in table.tensors())
         last_checkpoint = time.monotonic()
 
@@ -205,7 +209,7 @@ class Trainer:
                 deadline is not None and time.monotonic() > deadline
             )
 
-        while self.state["epoch"] < cfg.epochs:
+        while self.state["epoch"] < cfg.epochs and self.state["step"] < total_steps:
             if stop_after_steps is not None and self.state["step"] >= stop_after_steps:
                 self.save_checkpoint()  # (a deadline is checked after each step: every call makes progress)
                 return False
@@ -230,6 +234,8 @@ class Trainer:
                 if time.monotonic() - last_checkpoint > cfg.checkpoint_minutes * 60:
                     self.save_checkpoint()
                     last_checkpoint = time.monotonic()
+                if self.state["step"] >= total_steps:
+                    break  # the step budget ends training inside this epoch
                 if should_stop() and self.state["batch"] < len(batches):
                     bar.close()
                     self.save_checkpoint()
@@ -380,6 +386,7 @@ def train(
     batch_tokens: int | None = None,
     max_minutes: float | None = None,
     stop_after_steps: int | None = None,
+    steps: int | None = None,
 ) -> dict:
     """Train (or resume, or fine-tune from `init`) and write the output folder; returns train_log.json's content,
     or, when stopped early by max_minutes or stop_after_steps, {"finished": False, ...} with where it stopped (the
@@ -392,6 +399,8 @@ def train(
     description, options, cfg = load_config(config)
     if epochs is not None:
         cfg = replace(cfg, epochs=epochs)
+    if steps is not None:
+        cfg = replace(cfg, steps=steps)
     if init is not None:
         options = load_options(init / "options.json")
     if options is None:
@@ -430,6 +439,7 @@ def train(
         options = BiLMOptions.from_dict(checkpoint["options"])
         saved = TrainingConfig.from_dict(checkpoint["config"])
         cfg = replace(saved, epochs=epochs) if epochs is not None else saved  # more epochs continue the run
+        cfg = replace(cfg, steps=steps) if steps is not None else cfg  # so does another step budget
         if batch_tokens is not None and batch_tokens != saved.batch_tokens:
             raise ValueError(
                 f"{out_dir / CHECKPOINT} was made with batches of {saved.batch_tokens} tokens: resume without "
@@ -461,7 +471,8 @@ def train(
     n_train_tokens = sum(len(s) for s in train_sentences)
     print(
         f"{len(train_sentences)} training sentences ({n_train_tokens} tokens), {len(heldout_sentences)} held out; "
-        f"vocabulary {len(vocab)}; {cfg.epochs} epochs; batches of {cfg.batch_tokens} tokens on {torch_device} "
+        f"vocabulary {len(vocab)}; {cfg.epochs} epochs{f' or {cfg.steps} steps' if cfg.steps else ''}; "
+        f"batches of {cfg.batch_tokens} tokens on {torch_device} "
         f"in {precision}",
         flush=True,
     )
@@ -495,6 +506,7 @@ def train(
         "options": options.to_dict(),
         "train_seconds": round(trainer.state["train_seconds"], 1),
         "steps": trainer.state["step"],
+        "tokens_seen": trainer.state["tokens"],  # predictions per direction: each word and each sentence end
         "machine": machine(torch_device),
         "device": torch_device.type,
         "precision": precision,
@@ -554,6 +566,14 @@ def _by_file_table(by_file: dict) -> list[str]:
     return lines
 
 
+def _length(log: dict) -> str:
+    """How long the run was: its epochs, or the share of one epoch that its step budget covered."""
+    if log["config"].get("steps") and log["steps"] == log["config"]["steps"]:
+        share = log["tokens_seen"] / (log["train_tokens"] + log["train_sentences"])  # predictions in one epoch
+        return f"a budget of {log['steps']} steps ({100 * share:.0f}% of one epoch)"
+    return f"{log['config']['epochs']} epochs"
+
+
 def model_card(log: dict, out_dir: Path) -> str:
     ppl = log["heldout_perplexity"]
     opt, cnn = log["options"], log["options"]["char_cnn"]
@@ -590,7 +610,7 @@ def model_card(log: dict, out_dir: Path) -> str:
         + ".",
         "",
         "## Training",
-        f"- {log['config']['epochs']} epochs, {log['steps']} steps of at most {log['config']['batch_tokens']} tokens, "
+        f"- {_length(log)}, {log['steps']} steps of at most {log['config']['batch_tokens']} tokens, "
         f"Adam (lr {log['config']['learning_rate']}, warm-up then cosine decay), dropout {log['config']['dropout']}, "
         f"gradient norm clipped at {log['config']['clip_norm']}.",
         f"- Training time: {log['train_seconds'] / 60:.1f} min on {log['machine']}"

@@ -21,7 +21,8 @@ from model_export.language_model import BiLanguageModel, TokenTable, pad_batch
 from model_export.options import load_options
 from model_export.train import Trainer, TrainingConfig, load_config, lr_factor, make_batches, train
 from model_export.vocab import Vocabulary
-from model_export.weights import load_bilm
+from model_export.weights import load_bilm, random_bilm
+from service.chars import token_char_ids
 
 WORDS = [
     "the",
@@ -451,3 +452,52 @@ def test_sweep_ranks_configs_by_held_out_perplexity_and_sizes_the_winner(corpus,
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text()) == s
     resumed = train([corpus], Path(s["results"]["tiny"]["out"]), "tiny", heldout=[held], epochs=1)
     assert resumed["finished"] and resumed["steps"] == 30  # 30 steps past one epoch already: nothing more to do
+
+
+def test_a_step_budget_ends_training_inside_an_epoch_with_the_schedule_spanning_it(corpus, tmp_path):
+    """`steps` stops a run before its epochs end (21 batches an epoch here): the finished model is written, its
+    learning rate has decayed to the schedule's end at the last step, and the card says what share it saw."""
+    log = train([corpus], tmp_path / "b", "tiny", epochs=2, steps=15)
+    assert log["finished"] and log["steps"] == 15 and log["config"]["steps"] == 15
+    assert (tmp_path / "b" / "weights.hdf5").exists()
+    assert 0 < log["tokens_seen"] < log["train_tokens"] + log["train_sentences"]
+    payload = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert payload["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.03 * lr_factor(14, 5, 15))
+    assert "a budget of 15 steps (" in (tmp_path / "b" / "MODEL_CARD.md").read_text()
+    assert train([corpus], tmp_path / "b", "tiny", epochs=2, steps=15)["steps"] == 15  # finished: no more steps
+
+
+def test_the_char_cnn_by_length_groups_equals_the_full_width_char_cnn():
+    """Training convolves groups of short words over fewer char positions: the same vectors, to float rounding,
+    for words of every length up to the 48 bytes kept (and the markers), in any order."""
+    from model_export.language_model import token_vectors_by_length
+
+    _, options, _ = load_config("small")
+    bilm = random_bilm(options, seed=3)
+    words = ["a", "of", "the", "river", "<S>", "</S>", "é" * 30, "x" * 60, "bank", "Pneumonoultramicroscopic"]
+    words += [f"w{'o' * (i % 40)}rd" for i in range(40)]
+    chars = torch.from_numpy(np.stack([token_char_ids(w, options.max_chars) for w in words]).astype(np.int64))
+    with torch.no_grad():
+        full = bilm.token_encoder(chars)
+        grouped = token_vectors_by_length(bilm.token_encoder, chars)
+    np.testing.assert_allclose(grouped.numpy(), full.numpy(), atol=1e-5, rtol=0)
+    assert grouped.shape == full.shape
+
+
+def test_shared_vocabulary_perplexity_is_the_models_own_when_alone_and_compares_models(trained, corpus, tmp_path):
+    from model_export.evaluate import load_language_model, shared_perplexity, shared_vocabulary
+    from model_export.language_model import perplexity
+
+    model, vocab = load_language_model(trained[0])
+    sentences = [line.split() for line in corpus.read_text().splitlines()[:200]]
+    alone = shared_perplexity(model, vocab, vocab.words, sentences)
+    table = TokenTable(vocab, model.bilm.options.max_chars)
+    own = perplexity(model, [table.encode(s) for s in sentences], table)
+    assert alone["forward"] == pytest.approx(own.forward, abs=0.0051)  # rounded to 2 decimals
+    assert alone["backward"] == pytest.approx(own.backward, abs=0.0051)
+    # a second vocabulary without "cat" and "dog": they join <UNK>'s class, so the task is easier
+    smaller = Vocabulary([w for w in vocab.words if w not in ("cat", "dog")])
+    shared = shared_vocabulary([vocab, smaller])
+    assert "cat" not in shared and len(shared) == len(vocab) - 2
+    merged = shared_perplexity(model, vocab, shared, sentences)
+    assert merged["forward"] < alone["forward"] and merged["predictions"] == alone["predictions"]
