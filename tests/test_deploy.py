@@ -192,6 +192,29 @@ def test_install_script_puts_torch_first_and_one_runtime():
     assert run.returncode == 2 and "--runtime must be cpu or gpu" in run.stderr
 
 
+def test_install_script_with_a_log_prints_a_line_per_step_and_the_log_on_failure(tmp_path):
+    # A stand-in interpreter in the venv: pip "succeeds" at upgrading itself and fails at torch, as pip would fail
+    # without a network; what is tested is where the script sends pip's output, not pip.
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    stub = ['case "$*" in *show*) exit 1;; esac', 'echo "pip output: $*"', 'case "$*" in *torch*) exit 3;; esac']
+    python.write_text("#!/bin/sh\n" + "\n".join(stub) + "\n")
+    python.chmod(0o755)
+    log = tmp_path / "logs" / "install.log"
+    run = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install.sh"), "--venv", str(tmp_path / "venv"), "--export", "--log", str(log)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TORCH_INDEX_URL": ""},
+        check=False,
+    )
+    assert run.returncode == 3
+    assert run.stdout.splitlines() == ["install: pip, upgraded ... 0 s", "install: torch==2.13.0 ... failed"]
+    assert "pip output: -m pip install --disable-pip-version-check torch==2.13.0" in run.stderr  # the log's tail
+    assert run.stderr.rstrip().endswith(f"torch==2.13.0 failed (exit status 3); the whole output is in {log}")
+    assert "pip output: -m pip install --disable-pip-version-check --upgrade pip" in log.read_text()
+
+
 def export_script(tmp_path: Path, source: Path, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(ROOT / "docker" / "export-model.sh"), str(source), str(tmp_path / "out")],
