@@ -14,6 +14,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -77,11 +78,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await models.stop()  # after every request in flight was answered: nothing is queued any more
         log.info("stopped")
 
-    app = FastAPI(
+    # FastAPIOffline: a FastAPI app whose /docs and /redoc load Swagger UI and ReDoc from the package's own files
+    # (under /static-offline-docs), so they work where no CDN can be reached; no validator badge (it calls out).
+    app = FastAPIOffline(
         title="ELMo embeddings",
         version="0.1.0",
         description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.settings, app.state.metrics = settings, metrics
     app.state.ready = False  # every model's engine is loaded and warm, and its batcher runs

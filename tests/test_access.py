@@ -23,6 +23,7 @@ PROTECTED = [  # (method, path, body): every route of the OpenAPI document but t
     ("GET", "/openapi.json", None),
     ("GET", "/docs", None),
     ("GET", "/redoc", None),
+    ("GET", "/static-offline-docs/swagger-ui-bundle.js", None),  # what /docs loads
     ("GET", "/v1/models/no-such-model", None),  # with a key: 404
     ("GET", "/no/such/route", None),
 ]

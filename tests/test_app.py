@@ -9,6 +9,7 @@ import io
 import itertools
 import json
 import math
+import re
 
 import httpx
 import numpy as np
@@ -701,6 +702,20 @@ def test_openapi_and_docs(client):
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
     openai_error = paths["/v1/embeddings"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
     assert openai_error == {"$ref": "#/components/schemas/OpenAIErrorResponse"}
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_docs_pages_load_everything_from_the_service(client, page):
+    # Swagger UI and ReDoc from the package's files: the pages work where no CDN can be reached.
+    html = client.get(page).text
+    urls = re.findall(r'(?:src|href|spec-url)="([^"]+)"', html) + re.findall(r"url: '([^']+)'", html)
+    assert "/openapi.json" in urls and any(u.endswith(".js") for u in urls)
+    assert "//" not in "".join(urls) and "http" not in html.replace("http-equiv", "")  # nothing of another host
+    for url in urls:
+        answer = client.get(url)
+        assert answer.status_code == 200 and len(answer.content) > 1000, url
+    script = next(u for u in urls if u.endswith(".js"))
+    assert ("SwaggerUIBundle" if page == "/docs" else "Redoc") in client.get(script).text
 
 
 def test_by_default_no_keys_no_cors_and_no_request_text_in_the_log(client, server):
