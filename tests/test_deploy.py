@@ -278,7 +278,7 @@ def test_compose_cpu_service_is_what_docker_compose_up_starts(compose):
     assert "profiles" not in cpu  # started by a plain `docker compose up`
     assert (ROOT / cpu["build"]["context"] / cpu["build"]["dockerfile"]).resolve() == DOCKERFILE
     assert cpu["build"]["args"]["RUNTIME"] == "cpu"
-    assert [default(p) for p in cpu["ports"]] == ["8000:8000"]
+    assert [default(p) for p in cpu["ports"]] == ["127.0.0.1:8000:8000"]  # loopback unless PUBLISH_ADDRESS says
     assert default(cpu["environment"]["ELMO_MODEL_DIR"]) == "/opt/elmo/models/default"  # the image's model
     assert default(cpu["environment"]["ELMO_HOST"]) == "0.0.0.0"
 
@@ -299,7 +299,7 @@ def test_compose_has_one_replica_per_gpu(compose):
     assert second["environment"] == first["environment"]  # ELMO_DEVICE_ID among them: the GPU seen is device 0
     (device,) = second["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["device_ids"] == ["1"] and "count" not in device
-    assert [default(p) for p in second["ports"]] == ["8002:8000"] != [default(p) for p in first["ports"]]
+    assert [default(p) for p in second["ports"]] == ["127.0.0.1:8002:8000"] != [default(p) for p in first["ports"]]
 
 
 @pytest.mark.parametrize("service", ["elmo", "elmo-gpu"])
