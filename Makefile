@@ -7,15 +7,25 @@ BIN     := $(VENV)/bin
 
 DEFAULT_MODEL := build/models/default
 
-.PHONY: install lint format test serve train-default corpus-packages corpus gpu-carry image clean
+.PHONY: install lint format test serve train-default corpus-packages corpus gpu-carry image image-test clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
-# scripts/install.sh is also what the Docker images run: torch 2.13.0 (CPU) first, then the project.
+# scripts/install.sh is also what the Docker images run: torch 2.13.0 (CPU) first, then the project. pip's output
+# goes to $(INSTALL_LOG); the terminal gets a line per step. `make install` (and so `make test`) installs everything:
+# the service, elmo-export, the dev tools and the client; `make serve` only the service and elmo-export, unless
+# everything is there already.
+INSTALL_LOG := $(VENV)/install.log
+SERVE_INSTALLED := $(VENV)/.installed-serve-$(RUNTIME)
 $(VENV)/.installed-$(RUNTIME): pyproject.toml client/pyproject.toml scripts/install.sh
-	PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --dev --editable
-	rm -f $(VENV)/.installed*
-	touch $@
+	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --dev --editable --log $(INSTALL_LOG)
+	@rm -f $(VENV)/.installed*
+	@touch $@ $(SERVE_INSTALLED)
+
+$(SERVE_INSTALLED): pyproject.toml scripts/install.sh
+	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --editable --log $(INSTALL_LOG)
+	@rm -f $(VENV)/.installed*
+	@touch $@
 
 lint: install
 	$(BIN)/ruff check .
@@ -30,10 +40,10 @@ test: install lint
 
 # Export the embedded default model once (again when its files change), then serve it on 127.0.0.1:8000
 # (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply).
-$(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 model_export/onnx_graph.py | install
+$(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 model_export/onnx_graph.py | $(SERVE_INSTALLED)
 	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out $(DEFAULT_MODEL)
 
-serve: install $(DEFAULT_MODEL)/manifest.json
+serve: $(SERVE_INSTALLED) $(DEFAULT_MODEL)/manifest.json
 	$(BIN)/elmo-serve --model $(DEFAULT_MODEL)
 
 # The embedded default model, trained from scratch on the CPU (README: "Training the default model"): the
@@ -74,6 +84,12 @@ gpu-carry: $(CORPUS_ALL).tar.xz
 # The Docker image for RUNTIME (needs a Docker engine): elmo-service:cpu or elmo-service:gpu.
 image:
 	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(RUNTIME) .
+
+# `docker compose up` under test: the CPU image built and started by the compose file, its health check, /embed
+# against elmo-embed, a clean stop on SIGTERM (tests/test_image.py: Docker, else podman, installed as root if
+# missing; the base image and torch made here where no registry answers). Minutes; CI runs it after `make test`.
+image-test: install
+	$(BIN)/python -m pytest -q -m image -rP tests/test_image.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -2,7 +2,8 @@
 # The one way this project is installed: `make install` (and so `make test`, `make serve` and CI) and both
 # Docker images run this script, so CI exercises the images' install steps although it builds no image.
 #
-#   scripts/install.sh [--venv DIR] [--runtime cpu|gpu] [--export] [--dev] [--editable] [--dry-run] [SOURCE]
+#   scripts/install.sh [--venv DIR] [--runtime cpu|gpu] [--export] [--dev] [--editable] [--log FILE] [--dry-run]
+#                      [SOURCE]
 #
 #   --venv DIR      create DIR with $PYTHON (default python3) if it is missing, and install into it
 #                   (default: the python3 on PATH, or $PYTHON)
@@ -13,6 +14,8 @@
 #   --dev           pytest, ruff and the other test tools, and the Python client (client/, elmo-client),
 #                   whose tests run against the service
 #   --editable      an editable install (a working copy); without it SOURCE is copied into the environment
+#   --log FILE      pip's output goes to FILE (appended), and the terminal gets one line per step; on a failure,
+#                   the step, the last lines of FILE and its path (without --log: everything on the terminal)
 #   --dry-run       print the commands, run nothing
 #   SOURCE          the project folder (default: the folder above this script)
 #
@@ -22,7 +25,7 @@
 set -euo pipefail
 
 TORCH="torch==2.13.0"
-venv="" runtime="cpu" export_tools=0 dev=0 editable=0 dry_run=0
+venv="" runtime="cpu" export_tools=0 dev=0 editable=0 dry_run=0 log=""
 source_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 die() {
@@ -37,6 +40,7 @@ while [ $# -gt 0 ]; do
         --export) export_tools=1; shift ;;
         --dev) dev=1; shift ;;
         --editable) editable=1; shift ;;
+        --log) log="${2:?--log needs a file}"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
@@ -51,9 +55,38 @@ case "$runtime" in
 esac
 [ -f "$source_dir/pyproject.toml" ] || die "$source_dir has no pyproject.toml: give the project folder"
 
+if [ -n "$log" ] && [ "$dry_run" = 0 ]; then
+    mkdir -p "$(dirname "$log")"
+    log="$(cd "$(dirname "$log")" && pwd)/$(basename "$log")"
+    echo "== $(date -u '+%Y-%m-%d %H:%M:%S') scripts/install.sh" >>"$log"
+fi
+
+# run WHAT COMMAND...: the command, echoed. With --log, its output goes to the log and the terminal gets WHAT and its
+# time; a failure shows the log's last lines and its path. HINT (set for one call) names a likely cause of a failure.
 run() {
-    echo "+ $*"
-    [ "$dry_run" = 1 ] || "$@"
+    local what="$1" started=$SECONDS status=0
+    shift
+    if [ "$dry_run" = 1 ]; then
+        echo "+ $*"
+        return
+    fi
+    if [ -z "$log" ]; then
+        echo "+ $*"
+        "$@" || status=$?
+    else
+        printf 'install: %s ... ' "$what"
+        echo "+ $*" >>"$log"
+        "$@" >>"$log" 2>&1 || status=$?
+        if [ "$status" = 0 ]; then echo "$((SECONDS - started)) s"; else echo "failed"; fi
+    fi
+    if [ "$status" != 0 ]; then
+        if [ -n "$log" ]; then
+            tail -n 20 "$log" >&2
+            echo "install.sh: $what failed (exit status $status); the whole output is in $log" >&2
+        fi
+        [ -z "${HINT:-}" ] || die "$HINT"
+        exit "$status"
+    fi
 }
 
 python="${PYTHON:-python3}"
@@ -64,25 +97,25 @@ if [ -n "$venv" ]; then
             "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
                 die "$python is too old: Python 3.10 or newer is needed (set PYTHON to one)"
         fi
-        run "$python" -m venv "$venv" ||
-            die "could not create $venv: on Debian and Ubuntu, install python3-venv (apt-get install python3-venv)"
+        HINT="could not create $venv: on Debian and Ubuntu, install python3-venv (apt-get install python3-venv)" \
+            run "$venv, a virtual environment of $python" "$python" -m venv "$venv"
     fi
     python="$venv/bin/python"
 fi
 pip=("$python" -m pip install --disable-pip-version-check)
 
-run "${pip[@]}" --upgrade pip
+run "pip, upgraded" "${pip[@]}" --upgrade pip
 # The other runtime would overwrite (or be overwritten by) the one installed below.
 if [ "$dry_run" = 1 ]; then
     echo "+ $python -m pip uninstall --yes $other  # if it is installed"
 elif "$python" -m pip show --quiet "$other" 2>/dev/null; then
-    run "$python" -m pip uninstall --yes "$other"
+    run "$other removed (never beside $runtime's)" "$python" -m pip uninstall --yes "$other"
 fi
 
 extras="$runtime"
 if [ "$export_tools" = 1 ]; then
     # torch alone and first: the project's `torch>=2.1` is then already met by the CPU build.
-    run "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH"
+    run "$TORCH" "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH"
     extras="$extras,export"
 fi
 [ "$dev" = 1 ] && extras="$extras,dev"
@@ -94,4 +127,6 @@ add() {
 add "$source_dir[$extras]"
 # The client is its own distribution (httpx and numpy only), installed beside the service to be tested with it.
 [ "$dev" = 1 ] && add "$source_dir/client[hdf5]"
-run "${pip[@]}" "${project[@]}" ${ONNXRUNTIME:+"$ONNXRUNTIME"}
+what="the service [$extras]"
+[ "$dev" = 1 ] && what="$what and the client"
+run "$what, with what they need" "${pip[@]}" "${project[@]}" ${ONNXRUNTIME:+"$ONNXRUNTIME"}

@@ -14,6 +14,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -22,6 +23,7 @@ from service.encode import BYTES_PER_NUMBER, JSON, NPZ, Base64, answer_bytes, js
 from service.metrics import Metrics
 from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.mix import compose
+from service.openai_errors import OpenAIErrors
 from service.schemas import (
     MAX_OUTPUTS,
     EmbedRequest,
@@ -31,6 +33,7 @@ from service.schemas import (
     ModelObject,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
+    OpenAIErrorResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -41,6 +44,7 @@ from service.tokenize import max_tokens, min_tokens, tokenize
 log = logging.getLogger("elmo.service")
 DISCONNECT_POLL_S = 0.05
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 404, 413, 422, 503)}  # 404: an unknown `model`
+OPENAI_ERRORS = {code: {"model": OpenAIErrorResponse} for code in (400, 401, 404, 503)}  # /v1/*: openai_errors.py
 MAX_ERRORS = 10  # a body with 100 000 wrong tokens is told about the first few, not in a 10 MB answer
 
 
@@ -74,11 +78,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await models.stop()  # after every request in flight was answered: nothing is queued any more
         log.info("stopped")
 
-    app = FastAPI(
+    # FastAPIOffline: a FastAPI app whose /docs and /redoc load Swagger UI and ReDoc from the package's own files
+    # (under /static-offline-docs), so they work where no CDN can be reached; no validator badge (it calls out).
+    app = FastAPIOffline(
         title="ELMo embeddings",
         version="0.1.0",
         description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.settings, app.state.metrics = settings, metrics
     app.state.ready = False  # every model's engine is loaded and warm, and its batcher runs
@@ -102,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type"],
         )
+    app.add_middleware(OpenAIErrors)  # under /v1/, every error above in OpenAI's shape
     app.add_middleware(RequestMetrics, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
@@ -118,7 +126,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             detail = f"body: invalid JSON at character {first['loc'][-1]}: {reason}"
             return _json({"detail": detail, "errors": errors, **more}, status=422)
         field = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return _json({"detail": f"{field}: {first['msg']}", "errors": errors, **more}, status=422)
+        reason = _not_json(request) if field == "body" else None
+        return _json({"detail": f"{field}: {reason or first['msg']}", "errors": errors, **more}, status=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -292,7 +301,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post(
         "/v1/embeddings",
         response_model=OpenAIEmbeddingResponse,
-        responses=ERRORS,
+        responses=OPENAI_ERRORS,
         summary="OpenAI-style: one vector per input (mean-pooled average of the layers)",
     )
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
@@ -418,7 +427,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get(
         "/v1/models",
         response_model=ModelList,
-        responses={401: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        responses={code: OPENAI_ERRORS[code] for code in (401, 503)},
         summary="OpenAI-style: the models served, the default first",
     )
     async def list_models():
@@ -427,7 +436,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get(
         "/v1/models/{model_id}",
         response_model=ModelObject,
-        responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        responses={code: OPENAI_ERRORS[code] for code in (401, 404, 503)},
         summary="OpenAI-style: one model served",
     )
     async def retrieve_model(model_id: str):
@@ -513,6 +522,19 @@ def _at_most(items: list, limit: int, field: str, truncate: bool = False) -> lis
                 f"{field}[{i}]",
             )
     return [min(n, limit) for n in counts]
+
+
+def _not_json(request: Request) -> str | None:
+    """Why a body is not read as JSON, if its Content-Type says another type (curl -d sends a form's type): FastAPI
+    then validates its bytes, and its message ("Input should be a valid dictionary") would not say why."""
+    declared = request.headers.get("content-type")
+    kind = (declared or "").split(";")[0].strip().lower()
+    if declared is None or kind == "application/json" or kind.endswith("+json"):
+        return None
+    return (
+        f"sent as {kind or 'an empty Content-Type'}, not JSON: send the header Content-Type: application/json "
+        "(curl: -H 'content-type: application/json')"
+    )
 
 
 def _cut(part: str | int) -> str | int:

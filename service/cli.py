@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 
@@ -112,10 +113,12 @@ def serve_main(argv: list[str] | None = None) -> int:
     from service.app import create_app, start_draining
     from service.engine import read_manifest
     from service.server import BoundedHttpProtocol, DrainingServer
-    from service.settings import Settings
+    from service.settings import Settings, invalid_settings, unknown_variables
 
     given = {"model_dir": args.model, "models": args.models, "host": args.host, "port": args.port}
     overrides = {k: v for k, v in given.items() if v}
+    for warning in unknown_variables(os.environ):
+        print(f"elmo-serve: warning: {warning}", file=sys.stderr)
     try:
         settings = Settings(**overrides)
         for name, folder in settings.models:  # a clear message now, not a half-started server
@@ -123,7 +126,11 @@ def serve_main(argv: list[str] | None = None) -> int:
                 read_manifest(folder)
             except (FileNotFoundError, ValueError) as err:
                 raise type(err)(f"model {name!r}: {err}") from None
-    except (ValidationError, FileNotFoundError, ValueError) as err:
+    except ValidationError as err:  # before ValueError, which it is: one line per setting instead of pydantic's report
+        for line in invalid_settings(err):
+            print(f"elmo-serve: {line}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, ValueError) as err:
         print(f"elmo-serve: {err}", file=sys.stderr)
         return 1
     if err := cannot_listen(settings.host, settings.port):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 # Finite and bounded, so a mix can never overflow float32 into inf or NaN.
 Number = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
@@ -12,6 +13,12 @@ Number = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
 # a million times its memory.
 MAX_OUTPUTS = 8
 MODEL_DESCRIPTION = "the served model to use (GET /v1/models lists them); default: the first (404 for another name)"
+# What OpenAI's API also takes as `input`, and LangChain's OpenAIEmbeddings sends by default (tiktoken's ids): ids
+# of OpenAI's tokenizer mean nothing to an ELMo, which reads characters.
+TOKEN_IDS = (
+    "token ids are not taken here: send the texts as strings (LangChain's OpenAIEmbeddings sends token ids unless "
+    "it is made with check_embedding_ctx_length=False)"
+)
 
 
 class _Strict(BaseModel):
@@ -122,6 +129,22 @@ class OpenAIEmbeddingRequest(BaseModel):
     # model's own is accepted (422 otherwise).
     dimensions: int | None = Field(None, description="the model's dim, if given (vectors cannot be shortened)")
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_ids(cls, value):
+        if _token_ids(value):
+            raise PydanticCustomError("token_ids", TOKEN_IDS)
+        return value
+
+
+def _token_ids(value) -> bool:
+    """A list of ints, or of lists of ints: OpenAI's token-id input."""
+
+    def ints(items) -> bool:
+        return isinstance(items, list) and bool(items) and all(type(i) is int for i in items)
+
+    return isinstance(value, list) and bool(value) and (ints(value) or all(ints(item) for item in value))
+
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
@@ -159,3 +182,16 @@ class ModelList(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: str | list
+
+
+class OpenAIError(BaseModel):
+    message: str = Field(..., description="what /embed's `detail` says of the same mistake")
+    type: str = Field(..., description="invalid_request_error, or server_error (503: overloaded, starting, draining)")
+    param: str | None = Field(..., description="the field at fault, if one is")
+    code: str | None = Field(..., description="model_not_found (404), invalid_api_key (401), else null")
+
+
+class OpenAIErrorResponse(BaseModel):
+    """The /v1/* routes' errors, in OpenAI's shape (400 where the other routes answer 413 or 422)."""
+
+    error: OpenAIError

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Tokens in flight (and per elmo-embed batch) when ELMO_BATCH_TOKENS / --batch-tokens is not given, by the engine's
@@ -119,7 +121,7 @@ class Settings(BaseSettings):
     )
     cors_origins: Annotated[list[str], NoDecode] = Field([], description="origins allowed by CORS; none: no CORS")
 
-    log_level: str = "info"
+    log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
     log_request_text: bool = Field(False, description="log each request's sentences (off: no request text in logs)")
 
     @field_validator("api_keys", "cors_origins", mode="before")
@@ -128,6 +130,11 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value):
+        return value.lower() if isinstance(value, str) else value  # DEBUG as debug: logging's and uvicorn's names
 
     @field_validator("model_dir", mode="before")
     @classmethod
@@ -175,8 +182,8 @@ class Settings(BaseSettings):
     def _a_largest_body_fits(self) -> Settings:
         if self.max_inflight_bytes < self.max_body_bytes:
             raise ValueError(
-                f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_body_bytes ({self.max_body_bytes}): "
-                "a body at the limit could never be taken"
+                f"ELMO_MAX_INFLIGHT_BYTES ({self.max_inflight_bytes}) is below ELMO_MAX_BODY_BYTES "
+                f"({self.max_body_bytes}): a body at the limit could never be taken; raise one or lower the other"
             )
         return self
 
@@ -188,3 +195,65 @@ class Settings(BaseSettings):
         # the default model's, also where ELMO_MODELS named the models (and model_dir kept its unused default)
         values["model_name"], values["model_dir"] = self.models[0][0], str(self.models[0][1])
         return values
+
+
+# What elmo_client reads (the allennlp adapter's service and key): set in shells that also run the server.
+CLIENT_VARIABLES = frozenset({"ELMO_URL", "ELMO_API_KEY"})
+
+
+def variable(name: str) -> str:
+    """The environment variable of a setting."""
+    return f"ELMO_{name.upper()}"
+
+
+def invalid_settings(err: ValidationError) -> list[str]:
+    """One line per problem of the settings, instead of pydantic's report: the variable, the value given and what
+    it takes (`ELMO_PORT='abc' is not valid: it takes an integer from 0 to 65535`), or for settings that conflict,
+    why."""
+    lines = []
+    for problem in err.errors():
+        reason = problem.get("ctx", {}).get("error")  # a ValueError of a validator above: its own message
+        if not problem["loc"]:  # settings that conflict (a model validator): its message names them
+            lines.append(str(reason or problem["msg"]))
+            continue
+        name = str(problem["loc"][0])
+        given = f"{variable(name)}={problem['input']!r}" if isinstance(problem["input"], str) else variable(name)
+        lines.append(f"{given}: {reason}" if reason else f"{given} is not valid: it takes {allowed(name)}")
+    return lines
+
+
+def allowed(name: str) -> str:
+    """What a setting takes, in words, from its type and constraints."""
+    field = Settings.model_fields[name]
+    types = getattr(field.annotation, "__args__", (field.annotation,))  # int | None: (int, NoneType)
+    words = ((bool, "true or false"), (int, "an integer"), (float, "a number"), (Path, "a folder"))
+    kind = next((said for t, said in words if t in types), "a string")
+    bound = {b: getattr(m, b) for m in field.metadata for b in ("ge", "gt", "le") if hasattr(m, b)}
+    if "ge" in bound and "le" in bound:
+        kind += f" from {bound['ge']} to {bound['le']}"
+    elif "ge" in bound:
+        kind += f" of at least {bound['ge']}"
+    elif "gt" in bound:
+        kind += f" above {bound['gt']}"
+    pattern = next((m.pattern for m in field.metadata if getattr(m, "pattern", None)), None)
+    if pattern and (choices := re.fullmatch(r"\^\(([\w|]+)\)\$", pattern)):
+        kind = "one of " + ", ".join(choices[1].split("|"))
+    if field.default is None:
+        kind += ", or unset"
+    return kind
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ELMO_* variable that is no setting (a misspelled one would be ignored in silence), with
+    the setting whose name is closest."""
+    known = {variable(name) for name in Settings.model_fields}
+    lines = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("ELMO_") or upper in known or upper in CLIENT_VARIABLES:
+            continue
+        # compared without the prefix that they all share: ELMO_FOO is not close to ELMO_PORT
+        close = difflib.get_close_matches(upper[5:], [k[5:] for k in known], n=1, cutoff=0.7)
+        hint = f"did you mean ELMO_{close[0]}?" if close else "the settings are listed in README.md, Configuration"
+        lines.append(f"{name} is not a setting and is ignored: {hint}")
+    return lines

@@ -96,6 +96,25 @@ def running_server(
         stop(proc)
 
 
+# Under /v1/ the service answers as OpenAI does: 400 where its own routes answer 413 or 422 (service/openai_errors.py).
+OPENAI_STATUS = {413: 400, 422: 400}
+
+
+def status_on(path: str, status: int) -> int:
+    """The status a route answers for what /embed answers `status` to: OpenAI's under /v1/."""
+    return OPENAI_STATUS.get(status, status) if path.startswith("/v1/") else status
+
+
+def refusal(response: httpx.Response) -> str:
+    """An error answer's message: `detail` on the service's own routes; under /v1/, `error.message`, the body
+    checked to be OpenAI's error shape."""
+    body = response.json()
+    if response.request.url.path.startswith("/v1/"):
+        assert list(body) == ["error"] and list(body["error"]) == ["message", "type", "param", "code"], body
+        return body["error"]["message"]
+    return body["detail"]
+
+
 def counter(client: httpx.Client, name: str, **labels) -> float:
     """One sample of the server's /metrics (0 if absent)."""
     for family in text_string_to_metric_families(client.get("/metrics").text):

@@ -5,8 +5,9 @@ the log only because ELMO_LOG_REQUEST_TEXT asks for it (tests/test_app.py checks
 from __future__ import annotations
 
 import pytest
+from elmo_client import Client, ElmoError
 
-from tests.server import running_server
+from tests.server import refusal, running_server
 
 KEYS = ["k3y-first-0123456789", "k3y-second-abcdef"]
 ORIGIN = "https://app.example"
@@ -22,6 +23,7 @@ PROTECTED = [  # (method, path, body): every route of the OpenAPI document but t
     ("GET", "/openapi.json", None),
     ("GET", "/docs", None),
     ("GET", "/redoc", None),
+    ("GET", "/static-offline-docs/swagger-ui-bundle.js", None),  # what /docs loads
     ("GET", "/v1/models/no-such-model", None),  # with a key: 404
     ("GET", "/no/such/route", None),
 ]
@@ -54,7 +56,9 @@ def test_without_a_valid_key_every_route_is_401(client, method, path, body, head
     response = request(client, method, path, body, headers)
     assert response.status_code == 401, response.text
     assert response.headers["www-authenticate"].startswith("Bearer")
-    assert response.json()["detail"].startswith("authorization: ")
+    assert refusal(response).startswith("authorization: ")
+    if path.startswith("/v1/"):  # as OpenAI answers a wrong key
+        assert response.json()["error"]["code"] == "invalid_api_key"
     assert KEYS[0] not in response.text and KEYS[1] not in response.text
 
 
@@ -69,9 +73,14 @@ def test_with_either_key_every_route_answers(client, method, path, body, key):
 def test_with_a_key_an_unknown_model_is_404_naming_those_served(client, tiny_model_dir):
     response = client.get("/v1/models/no-such-model", headers={"authorization": f"Bearer {KEYS[0]}"})
     assert response.status_code == 404
-    assert (
-        response.json()["detail"] == f"model: unknown model 'no-such-model'; this server serves: {tiny_model_dir.name}"
-    )
+    assert refusal(response) == f"model: unknown model 'no-such-model'; this server serves: {tiny_model_dir.name}"
+
+
+def test_the_python_client_raises_the_reason_of_an_openai_shaped_error(server):
+    with Client(server.url, connect_retries=0) as elmo, pytest.raises(ElmoError) as refused:
+        elmo.models()  # /v1/models: OpenAI's error shape
+    assert refused.value.status == 401
+    assert refused.value.detail == "authorization: an API key is required (Authorization: Bearer <key>)"
 
 
 def test_the_health_probes_need_no_key(client):

@@ -9,13 +9,14 @@ import io
 import itertools
 import json
 import math
+import re
 
 import httpx
 import numpy as np
 import pytest
 
 from tests.conftest import max_error
-from tests.server import Server, answered_statuses, counter, running_server
+from tests.server import Server, answered_statuses, counter, refusal, running_server, status_on
 
 MAX_SENTENCES, MAX_TOKENS, MAX_BODY = 64, 400, 200_000
 SETTINGS = {
@@ -432,6 +433,7 @@ BAD_OPENAI = [
     ("missing-input", {"model": "elmo"}, "input"),
     ("number-input", {"input": 5}, "input"),
     ("token-ids", {"input": [1, 2]}, "input"),
+    ("token-id-lists", {"input": [[1, 2], [3]]}, "input"),
     ("unknown-format", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
     ("string-truncate", {"input": "a", "truncate": "yes"}, "truncate"),
     ("number-model", {"input": "a", "model": 1}, "model"),
@@ -441,9 +443,10 @@ BAD_OPENAI = [
 
 
 def assert_refused(response: httpx.Response, status: int, field: str) -> str:
-    assert response.status_code == status, response.text
+    """Refused with `status` (OpenAI's under /v1/), and a message that starts with the field."""
+    assert response.status_code == status_on(response.request.url.path, status), response.text
     assert response.headers["content-type"].startswith("application/json")
-    detail = response.json()["detail"]
+    detail = refusal(response)
     assert isinstance(detail, str) and detail.startswith(field), detail
     return detail
 
@@ -459,14 +462,24 @@ def test_invalid_json_text_is_422_naming_the_field(client, text, field):
     assert_refused(response, 422, field)
 
 
-def test_body_that_is_not_declared_json_is_422(client):
-    response = client.post("/embed", content=b'{"sentences": [["a"]]}', headers={"content-type": "text/plain"})
-    assert_refused(response, 422, "body")
+@pytest.mark.parametrize("route", ["/embed", "/v1/embeddings"])
+@pytest.mark.parametrize("kind", ["text/plain", "application/x-www-form-urlencoded"])  # the second: curl -d's
+def test_body_that_is_not_declared_json_is_422_naming_the_header(client, route, kind):
+    body = b'{"sentences": [["a"]], "input": "a"}'
+    detail = assert_refused(client.post(route, content=body, headers={"content-type": kind}), 422, "body")
+    assert detail == (
+        f"body: sent as {kind}, not JSON: send the header Content-Type: application/json "
+        "(curl: -H 'content-type: application/json')"
+    )
 
 
 @pytest.mark.parametrize(("body", "field"), [c[1:] for c in BAD_OPENAI], ids=[c[0] for c in BAD_OPENAI])
-def test_invalid_openai_body_is_422_naming_the_field(client, body, field):
-    assert_refused(client.post("/v1/embeddings", json=body), 422, field)
+def test_invalid_openai_body_is_400_naming_the_field(client, body, field):
+    response = client.post("/v1/embeddings", json=body)
+    assert_refused(response, 422, field)  # 400, as OpenAI answers
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] is None
+    assert error["param"] == (None if field == "body" else field)
 
 
 BAD_TOKENIZE = [
@@ -507,7 +520,7 @@ OVER_LIMITS = [  # (id, route, body, field, limit)
 @pytest.mark.parametrize(
     ("route", "body", "field", "limit"), [c[1:] for c in OVER_LIMITS], ids=[c[0] for c in OVER_LIMITS]
 )
-def test_over_a_limit_is_413_with_the_limit(client, route, body, field, limit):
+def test_over_a_limit_is_413_with_the_limit(client, route, body, field, limit):  # 400 under /v1/
     detail = assert_refused(client.post(route, json=body), 413, field)
     assert f"limit is {limit}" in detail
 
@@ -560,11 +573,13 @@ def test_openai_embeddings(client, tiny_model_dir):
         many[encoding] = [array({"embedding": d["embedding"], "shape": [DIM]}) for d in body["data"]]
     np.testing.assert_array_equal(many["float"], many["base64"])
     other = client.post("/v1/embeddings", json={"input": texts[0], "model": "text-embedding-3-small"})
-    assert other.status_code == 404  # as OpenAI answers a model it does not have
-    assert (
-        other.json()["detail"]
-        == f"model: unknown model 'text-embedding-3-small'; this server serves: {tiny_model_dir.name}"
-    )
+    assert other.status_code == 404  # as OpenAI answers a model it does not have, in its shape
+    assert other.json()["error"] == {
+        "message": f"model: unknown model 'text-embedding-3-small'; this server serves: {tiny_model_dir.name}",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
 
     # Each input's vector: the mean over tokens of the equal-weights mix (the mean of the layers), gamma 1.
     layers = arrays(embed(client, texts, output="layers"))
@@ -685,6 +700,22 @@ def test_openapi_and_docs(client):
         assert path in paths
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    openai_error = paths["/v1/embeddings"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
+    assert openai_error == {"$ref": "#/components/schemas/OpenAIErrorResponse"}
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_docs_pages_load_everything_from_the_service(client, page):
+    # Swagger UI and ReDoc from the package's files: the pages work where no CDN can be reached.
+    html = client.get(page).text
+    urls = re.findall(r'(?:src|href|spec-url)="([^"]+)"', html) + re.findall(r"url: '([^']+)'", html)
+    assert "/openapi.json" in urls and any(u.endswith(".js") for u in urls)
+    assert "//" not in "".join(urls) and "http" not in html.replace("http-equiv", "")  # nothing of another host
+    for url in urls:
+        answer = client.get(url)
+        assert answer.status_code == 200 and len(answer.content) > 1000, url
+    script = next(u for u in urls if u.endswith(".js"))
+    assert ("SwaggerUIBundle" if page == "/docs" else "Redoc") in client.get(script).text
 
 
 def test_by_default_no_keys_no_cors_and_no_request_text_in_the_log(client, server):

@@ -309,6 +309,13 @@ class StandIn:
         self.http.server_close()
 
 
+@pytest.mark.parametrize("url", ["localhost:8000", "127.0.0.1:8000", "ftp://127.0.0.1:8000", "http://"])
+def test_a_url_without_a_scheme_or_host_is_refused_at_once(url):
+    for client in (Client, AsyncClient):
+        with pytest.raises(ValueError, match=r"give the scheme and the host, e\.g\. http://\S"):
+            client(url)  # before any connection: no retries of a URL that cannot work
+
+
 def test_429_and_503_are_retried_after_retry_after():
     script = [(429, {"retry-after": "1"}), (503, {"retry-after": "0"})]
     with StandIn(script) as stand_in, Client(stand_in.url, api_key="sekrit") as elmo:

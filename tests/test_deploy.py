@@ -192,6 +192,29 @@ def test_install_script_puts_torch_first_and_one_runtime():
     assert run.returncode == 2 and "--runtime must be cpu or gpu" in run.stderr
 
 
+def test_install_script_with_a_log_prints_a_line_per_step_and_the_log_on_failure(tmp_path):
+    # A stand-in interpreter in the venv: pip "succeeds" at upgrading itself and fails at torch, as pip would fail
+    # without a network; what is tested is where the script sends pip's output, not pip.
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    stub = ['case "$*" in *show*) exit 1;; esac', 'echo "pip output: $*"', 'case "$*" in *torch*) exit 3;; esac']
+    python.write_text("#!/bin/sh\n" + "\n".join(stub) + "\n")
+    python.chmod(0o755)
+    log = tmp_path / "logs" / "install.log"
+    run = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install.sh"), "--venv", str(tmp_path / "venv"), "--export", "--log", str(log)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TORCH_INDEX_URL": ""},
+        check=False,
+    )
+    assert run.returncode == 3
+    assert run.stdout.splitlines() == ["install: pip, upgraded ... 0 s", "install: torch==2.13.0 ... failed"]
+    assert "pip output: -m pip install --disable-pip-version-check torch==2.13.0" in run.stderr  # the log's tail
+    assert run.stderr.rstrip().endswith(f"torch==2.13.0 failed (exit status 3); the whole output is in {log}")
+    assert "pip output: -m pip install --disable-pip-version-check --upgrade pip" in log.read_text()
+
+
 def export_script(tmp_path: Path, source: Path, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(ROOT / "docker" / "export-model.sh"), str(source), str(tmp_path / "out")],
@@ -255,7 +278,7 @@ def test_compose_cpu_service_is_what_docker_compose_up_starts(compose):
     assert "profiles" not in cpu  # started by a plain `docker compose up`
     assert (ROOT / cpu["build"]["context"] / cpu["build"]["dockerfile"]).resolve() == DOCKERFILE
     assert cpu["build"]["args"]["RUNTIME"] == "cpu"
-    assert [default(p) for p in cpu["ports"]] == ["8000:8000"]
+    assert [default(p) for p in cpu["ports"]] == ["127.0.0.1:8000:8000"]  # loopback unless PUBLISH_ADDRESS says
     assert default(cpu["environment"]["ELMO_MODEL_DIR"]) == "/opt/elmo/models/default"  # the image's model
     assert default(cpu["environment"]["ELMO_HOST"]) == "0.0.0.0"
 
@@ -276,7 +299,7 @@ def test_compose_has_one_replica_per_gpu(compose):
     assert second["environment"] == first["environment"]  # ELMO_DEVICE_ID among them: the GPU seen is device 0
     (device,) = second["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["device_ids"] == ["1"] and "count" not in device
-    assert [default(p) for p in second["ports"]] == ["8002:8000"] != [default(p) for p in first["ports"]]
+    assert [default(p) for p in second["ports"]] == ["127.0.0.1:8002:8000"] != [default(p) for p in first["ports"]]
 
 
 @pytest.mark.parametrize("service", ["elmo", "elmo-gpu"])

@@ -205,7 +205,12 @@ UNKNOWN = [  # (method, path, JSON body, query)
 def test_an_unknown_model_is_404_naming_those_served(client, method, path, body, query):
     response = client.request(method, path, json=body, params=query)
     assert response.status_code == 404, response.text
-    assert response.json() == {"detail": f"model: unknown model 'nope'; {SERVED}"}
+    message = f"model: unknown model 'nope'; {SERVED}"
+    if path.startswith("/v1/"):  # OpenAI's shape, and its code
+        error = {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+        assert response.json() == {"error": error}
+    else:
+        assert response.json() == {"detail": message}
 
 
 def test_names_are_exact_and_a_long_one_is_not_echoed_whole(client):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.settings import DEFAULT_MODEL_DIR, Settings, parse_models
+from service.settings import DEFAULT_MODEL_DIR, Settings, invalid_settings, parse_models, unknown_variables
 
 
 @pytest.fixture(autouse=True)
@@ -105,3 +105,40 @@ def test_an_empty_model_dir_is_unset_so_an_image_can_serve_elmo_models(monkeypat
     assert Settings().models == [("default", DEFAULT_MODEL_DIR)]
     monkeypatch.setenv("ELMO_MODELS", "a=/models/a,b=/models/b")
     assert Settings().models == [("a", Path("/models/a")), ("b", Path("/models/b"))]
+
+
+def test_a_bad_value_is_one_line_with_the_variable_the_value_and_what_it_takes(monkeypatch):
+    monkeypatch.setenv("ELMO_PORT", "abc")
+    monkeypatch.setenv("ELMO_HEAD_TIMEOUT_S", "0")
+    monkeypatch.setenv("ELMO_MODELS", "en")
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert invalid_settings(refused.value) == [
+        "ELMO_MODELS='en': 'en' is not name=folder (ELMO_MODELS=name=folder,name2=folder2)",
+        "ELMO_PORT='abc' is not valid: it takes an integer from 0 to 65535",
+        "ELMO_HEAD_TIMEOUT_S='0' is not valid: it takes a number above 0",
+    ]
+
+
+def test_conflicting_settings_are_one_line_naming_both(monkeypatch):
+    monkeypatch.setenv("ELMO_MODELS", "en=/m/en")
+    monkeypatch.setenv("ELMO_MODEL_NAME", "x")
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    (line,) = invalid_settings(refused.value)
+    assert line.startswith("both ELMO_MODELS and ELMO_MODEL_NAME given")
+
+
+def test_the_log_level_is_one_of_logging_s_in_any_case(monkeypatch):
+    monkeypatch.setenv("ELMO_LOG_LEVEL", "DEBUG")
+    assert Settings().log_level == "debug"  # uvicorn knows the lower-case names only
+
+
+def test_unknown_variables_are_named_with_the_closest_setting():
+    environ = {"ELMO_BATCH_TOKEN": "5", "ELMO_PORT": "1", "elmo_windw": "3", "ELMO_FOO": "1", "ELMO_URL": "x",
+               "ELMO_API_KEY": "k", "HOME": "/root"}  # fmt: skip
+    assert unknown_variables(environ) == [
+        "ELMO_BATCH_TOKEN is not a setting and is ignored: did you mean ELMO_BATCH_TOKENS?",
+        "ELMO_FOO is not a setting and is ignored: the settings are listed in README.md, Configuration",
+        "elmo_windw is not a setting and is ignored: did you mean ELMO_WINDOW?",
+    ]  # ELMO_URL and ELMO_API_KEY: elmo_client's, set where a client runs

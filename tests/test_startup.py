@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.server import free_port, launch
+from tests.server import free_port, launch, stop, wait_ready
 
 BROKEN = {  # (id): how to break a copy of the exported tiny model, what the message says
     "truncated-model": (lambda d: (d / "model.onnx").write_bytes((d / "model.onnx").read_bytes()[:100_000]),
@@ -37,3 +37,47 @@ def test_a_broken_model_folder_fails_startup_with_a_clear_message(tiny_model_dir
     assert returncode != 0, text
     assert message.format(dir=model_dir) in text, text
     assert "Uvicorn running" not in text and "Application startup complete" not in text
+
+
+SETTING_MISTAKES = {  # (id): the settings, the lines elmo-serve prints (after its "elmo-serve: ")
+    "bad-values": (
+        {"ELMO_MAX_SENTENCES": "many", "ELMO_PROVIDER": "gpu", "ELMO_CUDA_GRAPHS": "maybe", "ELMO_BATCH_TOKENS": "0"},
+        ["ELMO_BATCH_TOKENS='0' is not valid: it takes an integer of at least 1, or unset",
+         "ELMO_MAX_SENTENCES='many' is not valid: it takes an integer of at least 1",
+         "ELMO_PROVIDER='gpu' is not valid: it takes one of auto, cpu, cuda",
+         "ELMO_CUDA_GRAPHS='maybe' is not valid: it takes true or false"],
+    ),
+    "conflicting": (
+        {"ELMO_MAX_BODY_BYTES": "1000", "ELMO_MAX_INFLIGHT_BYTES": "10"},
+        ["ELMO_MAX_INFLIGHT_BYTES (10) is below ELMO_MAX_BODY_BYTES (1000): a body at the limit could never be "
+         "taken; raise one or lower the other"],
+    ),
+    "misspelled-and-bad": (
+        {"ELMO_BATCH_TOKEN": "5", "ELMO_LOG_LEVEL": "loud"},
+        ["warning: ELMO_BATCH_TOKEN is not a setting and is ignored: did you mean ELMO_BATCH_TOKENS?",
+         "ELMO_LOG_LEVEL='loud' is not valid: it takes one of critical, error, warning, info, debug"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SETTING_MISTAKES, ids=list(SETTING_MISTAKES))
+def test_a_bad_setting_stops_startup_with_a_line_naming_it(tiny_model_dir, tmp_path, case):
+    settings, lines = SETTING_MISTAKES[case]
+    log = tmp_path / "server.log"
+    proc = launch(tiny_model_dir, log, settings, free_port())
+    assert proc.wait(timeout=60) == 1
+    assert log.read_text().splitlines() == [f"elmo-serve: {line}" for line in lines]  # no pydantic report, no URL
+
+
+def test_a_misspelled_setting_is_warned_about_and_the_server_starts(tiny_model_dir, tmp_path):
+    log = tmp_path / "server.log"
+    port = free_port()
+    proc = launch(tiny_model_dir, log, {"ELMO_MAXWAIT_MS": "5", "ELMO_URL": "http://127.0.0.1:1"}, port)
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}", log)
+    finally:
+        assert stop(proc) == 0
+    warnings = [line for line in log.read_text().splitlines() if "warning" in line]
+    # ELMO_URL is elmo_client's: not the server's, and not a mistake
+    assert warnings == ["elmo-serve: warning: ELMO_MAXWAIT_MS is not a setting and is ignored: did you mean "
+                        "ELMO_MAX_WAIT_MS?"]  # fmt: skip

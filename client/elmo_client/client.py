@@ -68,9 +68,20 @@ def _retry_after(response: httpx.Response) -> float:
         return DEFAULT_RETRY_AFTER_S
 
 
+def _checked_url(url: str) -> str:
+    """The service's URL without a trailing slash; one that is not http(s)://host... is refused at once (httpx would
+    try "localhost:8000" as a URL of scheme "localhost", and every retry would fail the same way)."""
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        example = url.split("://")[-1] or DEFAULT_URL.split("://")[-1]
+        raise ValueError(f"url {url!r}: give the scheme and the host, e.g. http://{example}")
+    return url.rstrip("/")
+
+
 def _error(response: httpx.Response, note: str = "") -> ElmoError:
     try:
-        detail = response.json().get("detail")
+        body = response.json()
+        detail = body.get("detail") or (body.get("error") or {}).get("message")  # the service's, or /v1/*'s
     except (ValueError, AttributeError):
         detail = response.text[:500]
     where = f"{response.request.method} {response.request.url.path}"
@@ -155,7 +166,7 @@ class _Base:
     ):
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
-        self.url = (url or DEFAULT_URL).rstrip("/")
+        self.url = _checked_url(url or DEFAULT_URL)
         self.max_concurrency, self.retry_wait_s, self.connect_retries = max_concurrency, retry_wait_s, connect_retries
         self._headers = {"content-type": "application/json", "user-agent": "elmo-client/0.1"}
         if api_key:

@@ -1,0 +1,253 @@
+"""The README's examples run as pasted: every shell and Python block of its quick start and of its API (the Python
+client and several models among them) and CLI sections, against a real elmo-serve of the embedded default model,
+in a folder laid out as a checkout after `make serve` (.venv/, build/models/default/). Where the README shows what
+a block prints (the JSON block after it), the output is compared with it: the same structure and keys, strings and
+integers equal, and each number shown to k decimals within half a unit of its last digit; "[...]" stands for any
+value, "..." at the end of an object for more keys, and "... N numbers" at the end of a list for the rest of N.
+
+A hidden comment before a block says what the test does beside running it, one directive a line:
+
+    <!-- readme-test
+    skip: why                   not run (a set-up step, a synopsis with placeholders, a download)
+    setup: shell command        run first, in the block's folder (e.g. a file the block reads)
+    env: NAME=value             in the block's environment
+    server                      a server started in the background; the blocks after it in its section use it
+    check: python expression    true after the block (in its namespace; after a shell block, in the block's folder
+                                with json, h5py and numpy as np imported)
+    ignore: 0.data.*.created    a value of the shown output that is not compared (N.key.key, * for any item)
+    -->
+
+The one thing changed in a block is the port: the README's servers are on 127.0.0.1:8000, the test's on free ports.
+Nothing is downloaded: a block that needs a model from elsewhere gets a stand-in that its comment names."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.server import free_port, running_server, stop, wait_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# The sections whose blocks run: the quick start (before the first), API (with the Python client and several
+# models) and CLI.
+SECTIONS = ("", "API", "CLI")
+BLOCK_S = 120
+
+
+@dataclass
+class Block:
+    language: str  # sh or python
+    code: str
+    line: int  # where it starts in README.md
+    section: str  # its ### (or ##) heading
+    directives: dict[str, list[str]] = field(default_factory=dict)
+    shown: str | None = None  # the JSON block that follows it: what it prints
+
+    @property
+    def id(self) -> str:
+        return f"line-{self.line}"
+
+
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
+COMMENT = re.compile(r"<!-- readme-test\n(.*?)-->\s*$", re.S)
+
+
+def readme_blocks() -> list[Block]:
+    text = README.read_text()
+    headings = [(m.start(), m[1], m[2].strip()) for m in re.finditer(r"^(##|###) (.+)$", text, re.M)]
+    blocks: list[Block] = []
+    end = 0
+    for found in FENCE.finditer(text):
+        between, end = text[end : found.start()], found.end()
+        if found[1] == "json" and blocks and not between.strip():
+            blocks[-1].shown = found[2]  # what the block just above prints
+            continue
+        top = next((title for at, level, title in reversed(headings) if at < found.start() and level == "##"), "")
+        section = next((title for at, _, title in reversed(headings) if at < found.start()), "")
+        if found[1] in ("sh", "python") and top in SECTIONS:
+            comment = COMMENT.search(between)
+            line = text.count("\n", 0, found.start()) + 2
+            blocks.append(Block(found[1], found[2], line, section, parse_directives(comment[1] if comment else "")))
+    return blocks
+
+
+def parse_directives(comment: str) -> dict[str, list[str]]:
+    directives: dict[str, list[str]] = {}
+    for line in comment.splitlines():
+        name, _, value = line.strip().partition(":")
+        if name:
+            directives.setdefault(name.strip(), []).append(value.strip())
+    return directives
+
+
+# -- what the README shows, against what a block printed -----------------------------------------------------------
+
+ANY, MORE = "<any value>", "<more keys>"
+REST = re.compile(r"\.\.\. (\d+) numbers")
+
+
+def shown_values(shown: str) -> list:
+    """The JSON values a README output block shows, its placeholders made markers."""
+    text = shown.replace("[...]", json.dumps(ANY))
+    text = re.sub(r",\s*\.\.\.\s*}", f', "{MORE}": true}}', text)
+    return json_values(text)
+
+
+def json_values(text: str) -> list:
+    """Every JSON value in `text`, one after the other (curl prints answers without a newline between them)."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while (at := len(text) - len(text[at:].lstrip())) < len(text):
+        value, at = decoder.raw_decode(text, at)
+        values.append(value)
+    return values
+
+
+def decimals(number: float, shown: str) -> float:
+    return 0.5 * 10.0 ** -len(shown.split(".")[1]) if "." in shown else 0.0
+
+
+def compare(got, want, path: str, ignored: list[str], shown_numbers: dict) -> None:
+    """`got` is what `want` (a value of shown_values) shows; raises AssertionError naming the path otherwise."""
+    if any(re.fullmatch(pattern.replace(".", r"\.").replace("*", r"[^.]+"), path) for pattern in ignored):
+        return
+    if want == ANY:
+        return
+    if isinstance(want, dict):
+        assert isinstance(got, dict), f"{path}: {got!r} is not an object"
+        keys = set(want) - {MORE}
+        assert keys <= set(got), f"{path}: keys {sorted(keys - set(got))} missing from {sorted(got)}"
+        if MORE not in want:
+            assert set(got) == keys, f"{path}: keys {sorted(set(got) - keys)} not shown"
+        for key in keys:
+            compare(got[key], want[key], f"{path}.{key}", ignored, shown_numbers)
+    elif isinstance(want, list):
+        assert isinstance(got, list), f"{path}: {got!r} is not a list"
+        if want and isinstance(want[-1], str) and (rest := REST.fullmatch(want[-1])):
+            assert len(got) == int(rest[1]), f"{path}: {len(got)} numbers, not {rest[1]}"
+            want, got = want[:-1], got[: len(want) - 1]
+        assert len(got) == len(want), f"{path}: {len(got)} items, not {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            compare(g, w, f"{path}.{i}", ignored, shown_numbers)
+    elif isinstance(want, float):
+        tolerance = decimals(want, shown_numbers.get(want, repr(want)))
+        assert isinstance(got, (int, float)) and abs(got - want) <= tolerance + 1e-12, f"{path}: {got} is not {want}"
+    else:
+        assert got == want and type(got) is type(want), f"{path}: {got!r} is not {want!r}"
+
+
+def numbers_as_shown(shown: str) -> dict[float, str]:
+    """Each decimal number of the README's text, by its value: how many digits it shows."""
+    return {float(m): m for m in re.findall(r"-?\d+\.\d+", shown)}
+
+
+# -- running the blocks ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory, default_model_dir, manylangs_model_dir) -> Path:
+    """A folder laid out as a checkout after `make serve`: .venv/ (this interpreter's) and the default model's
+    export in build/models/default; where the blocks run."""
+    folder = tmp_path_factory.mktemp("readme")
+    (folder / ".venv").symlink_to(Path(sys.prefix))
+    (folder / "build" / "models").mkdir(parents=True)
+    (folder / "build" / "models" / "default").symlink_to(default_model_dir)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(default_model_dir, tmp_path_factory):
+    with running_server(default_model_dir, tmp_path_factory.mktemp("readme-server")) as s:
+        yield s
+
+
+@dataclass
+class Servers:
+    """The server each section's blocks talk to: the module's, or one that a `server` block of the section started."""
+
+    default: int
+    started: dict[str, tuple[int, subprocess.Popen]] = field(default_factory=dict)
+
+    def port(self, section: str) -> int:
+        return self.started[section][0] if section in self.started else self.default
+
+
+@pytest.fixture(scope="module")
+def servers(server):
+    held = Servers(server.port)
+    yield held
+    for _, proc in held.started.values():
+        assert stop(proc) == 0
+
+
+def environment(block: Block, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
+    for setting in block.directives.get("env", []):
+        name, _, value = setting.partition("=")
+        env[name] = on_port(value, port)
+    return env
+
+
+def on_port(text: str, port: int) -> str:
+    return re.sub(r"(localhost|127\.0\.0\.1):8000\b", rf"\g<1>:{port}", text)
+
+
+BLOCKS = readme_blocks()
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+def test_readme_block(block, checkout, servers, tmp_path):
+    if "skip" in block.directives:
+        assert block.directives["skip"][0], "a skipped block says why"
+        pytest.skip(block.directives["skip"][0])
+    port = servers.port(block.section)
+    env = environment(block, port)
+    for command in block.directives.get("setup", []):
+        done = subprocess.run(command, shell=True, cwd=checkout, env={**env, "ROOT": str(ROOT)}, text=True,
+                              capture_output=True, check=False)  # fmt: skip
+        assert done.returncode == 0, f"setup {command!r}: {done.stderr}"
+    code = on_port(block.code, port)
+    if "server" in block.directives:  # started as pasted, in the background, on a port of its own
+        own = free_port()
+        log = tmp_path / "server.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(["bash", "-c", code], cwd=checkout, env={**env, "ELMO_PORT": str(own)},
+                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        servers.started[block.section] = (own, proc)
+        wait_ready(proc, f"http://127.0.0.1:{own}", log)
+        return
+    if block.language == "python":
+        checks = "".join(f"assert {c}, {c!r}\n" for c in block.directives.get("check", []))
+        command = [sys.executable, "-c", code + checks]
+    else:
+        command = ["bash", "-e", "-o", "pipefail", "-c", code]
+    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=BLOCK_S, check=False)
+    assert done.returncode == 0, f"README.md line {block.line}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    if block.language == "sh":
+        if checks := block.directives.get("check", []):  # in Python, in the block's folder, after it ran
+            script = "import json, h5py, numpy as np\n" + "".join(f"assert {c}, {c!r}\n" for c in checks)
+            after = subprocess.run([sys.executable, "-c", script], cwd=checkout, capture_output=True, text=True)
+            assert after.returncode == 0, after.stderr[-2000:]
+        printed = json_values(done.stdout) if done.stdout.strip().startswith(("{", "[")) else []
+        for value in printed:  # an error answer is JSON too: curl -s does not fail on it
+            assert not (isinstance(value, dict) and ({"detail", "error"} & set(value))), value
+        if block.shown is not None:
+            want = shown_values(block.shown)
+            assert len(printed) == len(want), f"{len(printed)} answers printed, {len(want)} shown"
+            numbers = numbers_as_shown(block.shown)
+            for i, (got, shown) in enumerate(zip(printed, want, strict=True)):
+                compare(got, shown, str(i), block.directives.get("ignore", []), numbers)
+
+
+def test_the_readme_has_runnable_blocks_in_every_section_it_covers():
+    sections = {b.section for b in BLOCKS if "skip" not in b.directives}
+    assert {"", "`POST /embed`", "`POST /v1/embeddings` (OpenAI-style)", "`POST /tokenize`", "Several models",
+            "Python client", "`elmo-embed`: a file of sentences to hdf5"} <= sections  # fmt: skip
+    assert all(b.shown is None or b.language == "sh" for b in BLOCKS)
