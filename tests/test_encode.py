@@ -92,6 +92,10 @@ def test_npz_is_what_numpy_reads_and_the_estimate_bounds_it():
         ("application/x-npz;q=0.5, application/json", False),
         ("application/x-npz, application/json;q=0.5", True),
         ("application/x-npz;q=nonsense", False),
+        ("application/x-npz;q=inf, application/json", False),  # not a qvalue: not acceptable, not above all
+        ("application/x-npz;q=inf", False),
+        ("application/x-npz;q=1e3, application/json;q=0.9", False),
+        ("application/x-npz;q=1.000", True),
         ("application/x-npz;q=0.5, */*", False),  # */* gives JSON q=1
         ("application/x-npz;q=0.5, application/*;q=0.4", True),
         ("application/x-npz;q=0.5, application/json;q=0.4, */*", True),  # the most specific range counts
