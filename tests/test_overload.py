@@ -167,9 +167,10 @@ def test_request_bodies_in_flight_are_bounded_together(tiny_model_dir, tmp_path)
         assert again.status_code == 200  # released with its request
 
 
-def stalled_upload(port: int, declared: int, sent: int) -> socket.socket:
-    """A POST /embed that declares `declared` bytes of body, sends `sent` of them, then nothing more."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+def stalled_upload(port: int, declared: int, sent: int, source: str = "127.0.0.1") -> socket.socket:
+    """A POST /embed from `source` (an address of the loopback range) that declares `declared` bytes of body,
+    sends `sent` of them, then nothing more."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
     head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
     sock.sendall(head.encode() + b"x" * sent)
     return sock
@@ -183,18 +184,30 @@ def read_response(sock: socket.socket) -> tuple[int, dict, bytes]:
     return response.status, dict(response.getheaders()), body
 
 
+BODY_TIMEOUT_S = 10  # the default: a stalled body is cut this long after its last part
+
+
+def held_in_time(client: httpx.Client, held: int, since: float) -> float:
+    """Seconds from `since` until the server's own account of the body bytes in flight (elmo_body_bytes_held)
+    reaches `held`; it must within the body timeout (the bodies are cut then)."""
+    while (now := counter(client, "elmo_body_bytes_held")) < held:
+        assert time.monotonic() < since + BODY_TIMEOUT_S, f"the server has read {now:.0f} of the {held} bytes sent"
+        time.sleep(0.05)
+    return time.monotonic() - since
+
+
 def test_stalled_uploads_holding_the_body_budget_are_cut_off(tiny_model_dir, tmp_path):
-    # The default limits: 64 MiB of bodies in flight, a body must keep arriving (a part every 10 s). Nine uploads
-    # of 7 MiB and one of 1 MiB, all stalled, hold the whole budget: every POST is refused (503) until they are cut.
+    # The default limits: 64 MiB of bodies in flight, 16 MiB of them from one address, a body must keep arriving
+    # (a part every 10 s). Nine uploads of 7 MiB and one of 1 MiB, all stalled, two from each of five addresses,
+    # hold the whole budget: every POST is refused (503) until they are cut.
     small = {"sentences": [["still", "served"]]}
+    uploads = [(f"127.0.0.{2 + k // 2}", 7 << 20) for k in range(9)] + [("127.0.0.6", (1 << 20) - 8)]
     with running_server(tiny_model_dir, tmp_path) as server, httpx.Client(base_url=server.url, timeout=30) as client:
-        stalled = [stalled_upload(server.port, 8 << 20, 7 << 20) for _ in range(9)]
-        stalled.append(stalled_upload(server.port, 8 << 20, (1 << 20) - 8))
+        stalled = [stalled_upload(server.port, 8 << 20, sent, source) for source, sent in uploads]
         stall = time.monotonic()
+        seconds = held_in_time(client, sum(sent for _, sent in uploads), stall)
+        print(f"the server held all the stalled bytes {seconds:.2f} s after the stall")
         refused = client.post("/embed", json=small)
-        while refused.status_code == 200 and time.monotonic() < stall + 5:  # until the server has read them all
-            time.sleep(0.1)
-            refused = client.post("/embed", json=small)
         assert refused.status_code == 503 and refused.json()["detail"].startswith("overloaded: request bodies")
         assert refused.headers["retry-after"] == "1"
         while (answer := client.post("/embed", json=small)).status_code != 200:
@@ -206,8 +219,29 @@ def test_stalled_uploads_holding_the_body_budget_are_cut_off(tiny_model_dir, tmp
             status, headers, body = read_response(sock)
             assert status == 408 and headers["connection"] == "close", body
             assert json.loads(body)["detail"].startswith("body: too slow")
+        assert counter(client, "elmo_body_bytes_held") == 0
         assert client.get("/health/ready").status_code == 200
         assert counter(client, "elmo_requests_total", route="other", status="408") == 10
+        assert "Traceback" not in server.log.read_text()
+
+
+def test_one_address_cannot_take_the_whole_body_budget(tiny_model_dir, tmp_path):
+    # Two stalled uploads of 7 MiB from one address hold 14 of its 16 MiB: its third is refused at once, while
+    # the budget (64 MiB) still serves everyone else.
+    small = {"sentences": [["still", "served"]]}
+    with running_server(tiny_model_dir, tmp_path) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        stalled = [stalled_upload(server.port, 8 << 20, 7 << 20, "127.0.0.2") for _ in range(2)]
+        held_in_time(client, 14 << 20, time.monotonic())
+        third = stalled_upload(server.port, 8 << 20, 7 << 20, "127.0.0.2")
+        status, headers, body = read_response(third)
+        assert status == 503 and headers["retry-after"] == "1", body
+        assert json.loads(body)["detail"].startswith("overloaded: request bodies in flight from your address hold")
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), base_url=server.url) as same:
+            assert same.post("/embed", json={"sentences": [["x" * 1000] * 1000] * 3}).status_code == 503  # 3 MB
+            assert same.post("/embed", json=small).status_code == 200  # what still fits its share
+        assert client.post("/embed", json=small).status_code == 200  # another address
+        for sock in stalled:
+            sock.close()
         assert "Traceback" not in server.log.read_text()
 
 
