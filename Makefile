@@ -33,8 +33,9 @@ test: install lint
 $(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 model_export/onnx_graph.py | install
 	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out $(DEFAULT_MODEL)
 
+# --model only where no ELMO_MODELS or ELMO_MODEL_DIR names what to serve (a flag would override them).
 serve: install $(DEFAULT_MODEL)/manifest.json
-	$(BIN)/elmo-serve --model $(DEFAULT_MODEL)
+	$(BIN)/elmo-serve $(if $(ELMO_MODELS)$(ELMO_MODEL_DIR),,--model $(DEFAULT_MODEL))
 
 # The embedded default model, trained from scratch (README: "Training the default model"): WordNet's glosses
 # (Debian package wordnet-base) as text, then about 70 minutes of elmo-train on one core. Copy the result to
