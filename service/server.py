@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 from collections.abc import Callable
 from types import FrameType
 
@@ -227,7 +228,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._write_timer = None
         if not self.transport.is_closing():
             log.info("closed a connection whose answer was not read for %g s", self.write_timeout_s)
-            self.transport.abort()  # what it holds unsent is dropped now, not when the client reads it
+            # Reset, not closed: a close would leave the kernel holding what is unsent (megabytes) behind its FIN
+            # for as long as the client does not read it.
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
 
     # -- parser callbacks
 
