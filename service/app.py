@@ -181,7 +181,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.log_request_text:  # off by default: request text never reaches the logs
             log.info("%s %s %s", request.url.path, model.name, sentences)
         started = time.perf_counter()
-        task = asyncio.ensure_future(model.batcher.embed(sentences))
+        client = request.client.host if request.client else ""  # whose turn its sentences wait for
+        task = asyncio.ensure_future(model.batcher.embed(sentences, client))
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if done:
