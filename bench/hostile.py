@@ -327,21 +327,23 @@ def unread_answers(url: str, port: int, pid: int, clients: int = 40, wait_s: flo
             sock.sendall(post_bytes("/embed", body))
             socks.append(sock)
         start = time.monotonic()
-        statuses = Counter()
-        while sum(statuses.values()) < clients and time.monotonic() < start + wait_s:  # until all are answered
+        status: dict[int, str] = {}
+        while len(status) < clients and time.monotonic() < start + wait_s:  # until all are answered
             time.sleep(1)
-            statuses = Counter()
-            for sock in socks:
+            for k, sock in enumerate(socks):
                 with contextlib.suppress(BlockingIOError):  # peeked: nothing is read
-                    statuses[sock.recv(12, socket.MSG_PEEK | socket.MSG_DONTWAIT)[9:12].decode()] += 1
+                    status[k] = sock.recv(12, socket.MSG_PEEK | socket.MSG_DONTWAIT)[9:12].decode()
+        statuses = Counter(status.values())
         answered = time.monotonic() - start
         held = rss.grown_mb
         reset: dict[int, float] = {}  # the answered connections the server reset, and when
         while len(reset) < statuses["200"] and time.monotonic() < start + wait_s:
             for k, sock in enumerate(socks):
                 # TCP_INFO's first byte is the connection's state: 1 while established (a reset is not seen by a
-                # read while answer bytes wait in the socket)
-                if k not in reset and sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != 1:
+                # read while answer bytes wait in the socket); a 503 is closed by the keep-alive timeout instead
+                if status.get(k) != "200" or k in reset:
+                    continue
+                if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != 1:
                     reset[k] = time.monotonic() - start
             time.sleep(0.2)
     for sock in socks:
