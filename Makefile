@@ -43,8 +43,9 @@ test: install lint
 $(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 model_export/onnx_graph.py | $(SERVE_INSTALLED)
 	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out $(DEFAULT_MODEL)
 
+# --model only where no ELMO_MODELS or ELMO_MODEL_DIR names what to serve (a flag would override them).
 serve: $(SERVE_INSTALLED) $(DEFAULT_MODEL)/manifest.json
-	$(BIN)/elmo-serve --model $(DEFAULT_MODEL)
+	$(BIN)/elmo-serve $(if $(ELMO_MODELS)$(ELMO_MODEL_DIR),,--model $(DEFAULT_MODEL))
 
 # The embedded default model, trained from scratch on the CPU (README: "Training the default model"): the
 # 15 M-token corpus of 13 Debian packages (make corpus-packages, then build/corpus-all/), then elmo-train's

@@ -105,9 +105,12 @@ def percentiles(values: list[float], qs=(50, 95, 99)) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(values, q)) for q in qs}
 
 
-def start_server(model: Path, threads: int = 1) -> tuple[subprocess.Popen, str, int]:
-    """A real elmo-serve on 127.0.0.1 with the default limits (no ELMO_* setting of this shell), on the CPU with
-    `threads` ONNX Runtime threads; returns the process, its URL and port once it is ready."""
+def start_server(
+    model: Path, threads: int = 1, settings: dict[str, str] | None = None, log: Path | None = None
+) -> tuple[subprocess.Popen, str, int]:
+    """A real elmo-serve on 127.0.0.1 with the default limits (no ELMO_* setting of this shell, but `settings`),
+    on the CPU with `threads` ONNX Runtime threads, its output to `log` if given; returns the process, its URL and
+    port once it is ready."""
     import httpx
 
     with socket.socket() as sock:
@@ -115,11 +118,12 @@ def start_server(model: Path, threads: int = 1) -> tuple[subprocess.Popen, str, 
         port = sock.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
     env |= {"ELMO_PROVIDER": "cpu", "ELMO_INTRA_OP_THREADS": str(threads), "ELMO_INTER_OP_THREADS": "1"}
-    env |= {"ELMO_LOG_LEVEL": "warning"}
+    env |= {"ELMO_LOG_LEVEL": "warning", **(settings or {})}
+    out = None if log is None else log.open("wb")
     server = subprocess.Popen(
         [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
          "--model", str(model), "--port", str(port)],
-        cwd=ROOT, env=env,
+        cwd=ROOT, env=env, stdout=out, stderr=None if out is None else subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -1,10 +1,11 @@
 """Hostile clients beside normal ones, against one elmo-serve with the default limits (not part of the tests: it
-takes a few minutes). It prints the figures of the second round of hardening, then those of a mixed load:
+takes a few minutes). It prints the figures of the second and third rounds of hardening (`--rounds`):
 
-    .venv/bin/python -m bench.hostile [--model DIR] [--seconds 30] [--clients 4]
+    .venv/bin/python -m bench.hostile [--model DIR] [--seconds 30] [--clients 4] [--rounds second|third|all]
 
 1. stalled uploads: nine POSTs declare 8 MiB and send 7 MiB, a tenth 1 MiB, then all stop, holding the whole
-   in-flight body budget; how long until a small POST is answered 200 again (goal: within 15 s);
+   in-flight body budget (two from each of five addresses: one address may hold a quarter); how long until a
+   small POST is answered 200 again (goal: within 15 s);
 2. a punctuation bomb, `{"sentences": ["a," * 4000000]}`: the time to its 4xx (goal: < 0.2 s);
 3. eight of them at once: the server's peak resident memory (VmHWM; goal: < 1 GB);
 4. a small request's latency while maximal answers are served: requests of 126-token sentences, per layer, as
@@ -12,6 +13,21 @@ takes a few minutes). It prints the figures of the second round of hardening, th
    (goal: p99 <= 0.5 s);
 5. a mixed hostile load for `--seconds`: stalled uploads, punctuation bombs, maximal answers and idle
    connections, beside `--clients` normal clients; their p50, p99 and errors.
+
+The third round:
+
+6. 2 MB bodies of a million integers, and of nulls: the time to the 4xx, the slowest /health/live meanwhile,
+   and the server's RSS growth (goal: < 0.5 s, < 0.2 s, < +100 MB);
+7. `"a.a. " * 4000` ten times with `truncate` on /tokenize (goal: < 2 s), and six 60 KB requests of it on /embed
+   whose clients leave after 0.3 s: a small request's time then (goal: < 1 s);
+8. 40 clients asking for all-layer answers (8 layers of 2 x 963 tokens) and never reading: RSS growth, and
+   whether the server closes them (goal: < +300 MB, closed by the write timeout);
+9. 60 connections sending 256 KiB of pipelined GETs each and never reading: RSS growth, and a small POST's p99
+   meanwhile (goal: < +200 MB, < 1 s);
+10. 8 connections from another address holding the body budget at about 4 Mbit/s (8 MiB at once, then a byte
+    every 9 s, again when cut off or refused) for 60 s: the share of ordinary POSTs answered 200 (goal: >= 95%);
+11. on a server with an API key: the key in a chunked trailer (goal: 401), a malformed chunk-size line and 1000
+    trailers (answered at once), and the log written for 200 connections closed with two pipelined GETs.
 
 By default it serves the embedded default model (build/models/default, exported by `make serve`) and starts
 its own elmo-serve on 127.0.0.1 with one ONNX Runtime thread.
@@ -21,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -47,15 +65,17 @@ def memory(pid: int, field: str) -> int:
     raise RuntimeError(field)
 
 
-def stalled_upload(port: int, sent: int, declared: int = 8 << 20) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+def stalled_upload(port: int, sent: int, declared: int = 8 << 20, source: str = "127.0.0.1") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
     head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
     sock.sendall(head.encode() + b"x" * sent)
     return sock
 
 
 def stalled_uploads(port: int, url: str) -> float:
-    socks = [stalled_upload(port, 7 << 20) for _ in range(9)] + [stalled_upload(port, (1 << 20) - 8)]
+    # two from each of five addresses (one address may hold 16 MiB of the 64 MiB)
+    socks = [stalled_upload(port, 7 << 20, source=f"127.0.0.{2 + k // 2}") for k in range(9)]
+    socks.append(stalled_upload(port, (1 << 20) - 8, source="127.0.0.6"))
     stall = time.monotonic()
     with httpx.Client(base_url=url, timeout=30) as client:
         statuses = Counter()
@@ -192,11 +212,286 @@ async def mixed_load(url: str, port: int, clients: int, seconds: float) -> None:
     )
 
 
+# ---- the third round (issue 24): one row each, numbered after the second round's ----------------------------
+
+
+class Liveness:
+    """Polls /health/live every 20 ms on a thread of its own; the slowest answer seen while running."""
+
+    def __init__(self, url: str):
+        self.url, self.stop, self.slowest = url, threading.Event(), 0.0
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while not self.stop.is_set():
+                start = time.perf_counter()
+                client.get("/health/live")
+                self.slowest = max(self.slowest, time.perf_counter() - start)
+                time.sleep(0.02)
+
+    def __enter__(self) -> Liveness:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+class PeakRss:
+    """The server's largest VmRSS, sampled every 50 ms while running, above what it was at the start."""
+
+    def __init__(self, pid: int):
+        self.pid, self.stop = pid, threading.Event()
+        self.start = self.peak = memory(pid, "VmRSS")
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, memory(self.pid, "VmRSS"))
+            time.sleep(0.05)
+
+    @property
+    def grown_mb(self) -> float:
+        return (self.peak - self.start) / 1e6
+
+    def __enter__(self) -> PeakRss:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def from_address(address: str, port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(address, 0))
+
+
+def post_bytes(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    return head.encode() + extra + b"\r\n" + body
+
+
+def invalid_items(url: str, pid: int) -> None:
+    bodies = {
+        "integers": b'{"sentences": [[' + b"1," * 999_999 + b"1]]}",
+        "nulls": b'{"sentences": [' + b"null," * 399_999 + b"null]}",
+    }
+    for name, body in bodies.items():
+        with Liveness(url) as live, PeakRss(pid) as rss, httpx.Client(base_url=url, timeout=300) as client:
+            start = time.perf_counter()
+            status = client.post("/embed", content=body, headers=JSON).status_code
+            seconds = time.perf_counter() - start
+        print(f"6. {len(body) / 1e6:.0f} MB body of {name}: {status} in {seconds:.2f} s, liveness at most "
+              f"{live.slowest:.2f} s meanwhile, RSS +{rss.grown_mb:.0f} MB (goal: 4xx < 0.5 s, liveness < 0.2 s, "
+              f"< +100 MB)")  # fmt: skip
+
+
+def abandon(port: int, body: bytes, after: float) -> None:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(post_bytes("/embed", body))
+    time.sleep(after)
+    sock.close()
+
+
+def slow_tokens(url: str, port: int) -> None:
+    body = orjson.dumps({"sentences": ["a.a. " * 4000] * 10, "truncate": True})
+    with httpx.Client(base_url=url, timeout=300) as client:
+        start = time.perf_counter()
+        status = client.post("/tokenize", content=body, headers=JSON).status_code
+        print(f"7. 'a.a. ' text, {len(body) / 1e3:.0f} KB, truncate, /tokenize: {status} in "
+              f"{time.perf_counter() - start:.2f} s (goal: < 2 s)")  # fmt: skip
+        sixty = orjson.dumps({"sentences": ["a.a. " * 1200] * 10, "truncate": True})
+        threads = [threading.Thread(target=abandon, args=(port, sixty, 0.3)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.35)
+        start = time.perf_counter()
+        status = client.post("/embed", content=orjson.dumps({"sentences": ["a b"]}), headers=JSON).status_code
+        small = time.perf_counter() - start
+        for t in threads:
+            t.join()
+    print(f"   six {len(sixty) / 1e3:.0f} KB requests of it on /embed, abandoned after 0.3 s: a small request then "
+          f"answered {status} in {small:.2f} s (goal: < 1 s)")  # fmt: skip
+
+
+def unread_answers(url: str, port: int, pid: int, clients: int = 40, wait_s: float = 120) -> None:
+    body = orjson.dumps({"sentences": ["a " * 963] * 2, "output": "layers", "layers": [0, 1, 2, 0, 1, 2, 0, 1]})
+    with PeakRss(pid) as rss:
+        socks = []
+        for _ in range(clients):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing, and lets little in
+            sock.sendall(post_bytes("/embed", body))
+            socks.append(sock)
+        start = time.monotonic()
+        status: dict[int, str] = {}
+        while len(status) < clients and time.monotonic() < start + wait_s:  # until all are answered
+            time.sleep(1)
+            for k, sock in enumerate(socks):
+                with contextlib.suppress(BlockingIOError):  # peeked: nothing is read
+                    status[k] = sock.recv(12, socket.MSG_PEEK | socket.MSG_DONTWAIT)[9:12].decode()
+        statuses = Counter(status.values())
+        answered = time.monotonic() - start
+        held = rss.grown_mb
+        reset: dict[int, float] = {}  # the answered connections the server reset, and when
+        while len(reset) < statuses["200"] and time.monotonic() < start + wait_s:
+            for k, sock in enumerate(socks):
+                # TCP_INFO's first byte is the connection's state: 1 while established (a reset is not seen by a
+                # read while answer bytes wait in the socket); a 503 is closed by the keep-alive timeout instead
+                if status.get(k) != "200" or k in reset:
+                    continue
+                if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != 1:
+                    reset[k] = time.monotonic() - start
+            time.sleep(0.2)
+    for sock in socks:
+        sock.close()
+    after = f"closed after {max(reset.values()):.0f} s" if reset else f"not closed within {wait_s:.0f} s"
+    print(
+        f"8. {clients} clients that never read all-layer answers ({len(body) / 1e3:.1f} KB requests): statuses "
+        f"{dict(statuses)} within {answered:.0f} s, RSS +{held:.0f} MB then (peak +{rss.grown_mb:.0f} MB); the "
+        f"{statuses['200']} answered connections {after} (goal: < +300 MB; closed by a write timeout)"
+    )
+
+
+def unread_pipelines(url: str, port: int, pid: int, connections: int = 60) -> None:
+    head = b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n"
+    data = head * (256 * 1024 // len(head))
+    with PeakRss(pid) as rss, httpx.Client(base_url=url, timeout=120) as client:
+        socks = []
+        for _ in range(connections):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                sock.send(data)
+            socks.append(sock)
+        latencies = []
+        for _ in range(50):
+            start = time.perf_counter()
+            assert client.post("/embed", content=SMALL, headers=JSON).status_code == 200
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.02)
+    for sock in socks:
+        sock.close()
+    time.sleep(1)
+    p = percentiles(latencies)
+    print(
+        f"9. {connections} connections pipelining {len(data) >> 10} KiB of GETs each ({len(data) // len(head)} "
+        f"requests), never reading: RSS +{rss.grown_mb:.0f} MB at most, {memory(pid, 'VmRSS') / 1e6:.0f} MB once "
+        f"they closed; a small POST p50 {p['p50']:.3f} s, p99 {p['p99']:.3f} s (goal: < +200 MB, p99 < 1 s)"
+    )
+
+
+def budget_holder(port: int, address: str, stop: threading.Event, bucket: list[float], sent: Counter) -> None:
+    """One connection of the attack: 8 MiB minus a few bytes at once, then a byte every 9 s, again when cut off
+    or refused; within the attacker's share of about 4 Mbit/s (`bucket`: bytes it may still send)."""
+    body = 8 << 20
+    while not stop.is_set():
+        while bucket[0] < body - 16 and not stop.is_set():
+            time.sleep(0.1)
+        if stop.is_set():
+            return
+        bucket[0] -= body - 16
+        try:
+            sock = from_address(address, port)
+            head = (
+                f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {body}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + b"x" * (body - 16))
+            sent["bodies"] += 1
+            sock.settimeout(9)
+            while not stop.is_set():
+                try:
+                    if not sock.recv(4096):
+                        break  # answered (408 or 503) and closed: again
+                    sent["answers"] += 1
+                    break
+                except TimeoutError:
+                    sock.sendall(b"x")
+            sock.close()
+        except OSError:
+            pass
+        stop.wait(1)  # Retry-After
+
+
+def budget_at_4_mbits(url: str, port: int, seconds: float = 60) -> None:
+    stop, bucket, sent = threading.Event(), [float(64 << 20)], Counter()  # it starts with what the attack sent at once
+
+    def refill():
+        while not stop.wait(0.1):
+            bucket[0] = min(bucket[0] + 0.1 * 4e6 / 8, float(64 << 20))
+
+    threads = [threading.Thread(target=refill)]
+    threads += [threading.Thread(target=budget_holder, args=(port, "127.0.0.2", stop, bucket, sent)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    statuses = Counter()
+    end = time.monotonic() + seconds
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while time.monotonic() < end:
+            body = orjson.dumps({"sentences": [["The", "bank", "of", "the", "river", "."] * 40] * 6})  # 1.4 KB
+            statuses[client.post("/embed", content=body, headers=JSON).status_code] += 1
+            time.sleep(0.25)
+    stop.set()
+    for t in threads:
+        t.join()
+    share = statuses[200] / max(1, sum(statuses.values()))
+    print(f"10. 8 connections from one other address holding the body budget at ~4 Mbit/s ({sent['bodies']} bodies "
+          f"of 8 MiB sent) for {seconds:.0f} s: ordinary 1.4 KB POSTs {dict(statuses)}, {share:.1%} answered 200 "
+          f"(goal: >= 95%)")  # fmt: skip
+
+
+def with_keys(model: Path) -> None:
+    log = Path(tempfile.mkdtemp()) / "server.log"
+    settings = {"ELMO_API_KEYS": "bench-key", "ELMO_LOG_LEVEL": "info"}
+    server, _, port = start_server(model, settings=settings, log=log)
+    try:
+        body = b'{"sentences": [["a"]]}'
+        head = (
+            b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        chunked = head + b"%x\r\n" % len(body) + body + b"\r\n0\r\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(chunked + b"authorization: Bearer bench-key\r\n\r\n")
+            status = sock.recv(4096).split(b" ")[1].decode()
+        print(f"11. Authorization: Bearer <key> in a chunked trailer: {status} (goal: 401)")
+        timed = {}
+        keyed = b"authorization: Bearer bench-key\r\ntransfer-encoding"
+        for name, data in {"malformed chunk-size line": head + b"zz\r\n" + body,
+                           "1000 trailers": chunked + b"x-t: 1\r\n" * 1000 + b"\r\n"}.items():  # fmt: skip
+            start = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                sock.sendall(data.replace(b"transfer-encoding", keyed, 1))
+                timed[name] = (sock.recv(4096).split(b" ")[1].decode(), time.perf_counter() - start)
+        print("    " + ", ".join(f"{name}: {s} in {t:.2f} s" for name, (s, t) in timed.items()))
+        logged = log.stat().st_size
+        for _ in range(200):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n" * 2)
+        time.sleep(2)
+        print(f"    200 connections of two pipelined GETs, closed at once: {log.stat().st_size - logged} bytes of log")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def third_round(model: Path, url: str, port: int, pid: int) -> None:
+    invalid_items(url, pid)
+    slow_tokens(url, port)
+    unread_answers(url, port, pid)
+    unread_pipelines(url, port, pid)
+    budget_at_4_mbits(url, port)
+    with_keys(model)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="exported model (default: the embedded one)")
     parser.add_argument("--seconds", type=float, default=30, help="length of the mixed load")
     parser.add_argument("--clients", type=int, default=4, help="normal clients sending small requests")
+    parser.add_argument("--rounds", choices=["second", "third", "all"], default="all", help="which rows to run")
     args = parser.parse_args()
     if not (args.model / "manifest.json").exists():
         raise SystemExit(f"no model at {args.model}: run `make serve` once (it exports it), or pass --model")
@@ -204,10 +499,13 @@ def main() -> int:
     try:
         info = httpx.get(f"{url}/info").json()
         print(f"model: {args.model} (dim {info['dim']}, {info['num_layers']} layers); the default limits")
-        stalled_uploads(port, url)
-        punctuation_bombs(url, server.pid)
-        asyncio.run(beside_maximal_answers(url, args.clients))
-        asyncio.run(mixed_load(url, port, args.clients, args.seconds))
+        if args.rounds in ("second", "all"):
+            stalled_uploads(port, url)
+            punctuation_bombs(url, server.pid)
+            asyncio.run(beside_maximal_answers(url, args.clients))
+            asyncio.run(mixed_load(url, port, args.clients, args.seconds))
+        if args.rounds in ("third", "all"):
+            third_round(args.model, url, port, server.pid)
         ready = httpx.get(f"{url}/health/ready").status_code
         print(f"afterwards: /health/ready {ready}, peak RSS {memory(server.pid, 'VmHWM') / 1e6:.0f} MB")
         return 0

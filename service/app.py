@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -19,9 +23,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.batcher import QueueFull, TooLarge
-from service.encode import BYTES_PER_NUMBER, JSON, NPZ, Base64, answer_bytes, json_response, respond, wants_npz
+from service.encode import (
+    BYTES_PER_NUMBER,
+    JSON,
+    NPZ,
+    Abandoned,
+    Base64,
+    answer_bytes,
+    json_response,
+    respond,
+    wants_npz,
+)
 from service.metrics import Metrics
-from service.middleware import ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
+from service.middleware import AnswerBudget, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.mix import compose
 from service.openai_errors import OpenAIErrors
 from service.schemas import (
@@ -46,6 +60,7 @@ DISCONNECT_POLL_S = 0.05
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 404, 413, 422, 503)}  # 404: an unknown `model`
 OPENAI_ERRORS = {code: {"model": OpenAIErrorResponse} for code in (400, 401, 404, 503)}  # /v1/*: openai_errors.py
 MAX_ERRORS = 10  # a body with 100 000 wrong tokens is told about the first few, not in a 10 MB answer
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -63,6 +78,11 @@ def _json(payload, status: int = 200, headers: dict | None = None) -> Response:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
+    # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
+    # anything else using asyncio's default pool; work for a client that has gone stops (see `off_loop`).
+    tokenize_pool = ThreadPoolExecutor(settings.tokenize_threads, thread_name_prefix="tokenize")
+    encode_pool = ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="encode")
+    answers = AnswerBudget(settings.max_answers_inflight_bytes, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -76,6 +96,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         app.state.ready = False
         await models.stop()  # after every request in flight was answered: nothing is queued any more
+        tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        encode_pool.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")
 
     # FastAPIOffline: a FastAPI app whose /docs and /redoc load Swagger UI and ReDoc from the package's own files
@@ -96,10 +118,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimit,
         limit=settings.max_body_bytes,
         inflight=settings.max_inflight_bytes,
+        per_client=settings.max_inflight_bytes_per_client,
         retry_after_s=settings.retry_after_s,
         timeout_s=settings.body_timeout_s,
         min_rate=settings.body_min_rate,
+        metrics=metrics,
     )
+    app.add_middleware(answers.releasing)  # what a request took of the answer budget is given back after it
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
     app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
     if settings.cors_origins:
@@ -165,7 +190,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.log_request_text:  # off by default: request text never reaches the logs
             log.info("%s %s %s", request.url.path, model.name, sentences)
         started = time.perf_counter()
-        task = asyncio.ensure_future(model.batcher.embed(sentences))
+        client = request.client.host if request.client else ""  # whose turn its sentences wait for
+        task = asyncio.ensure_future(model.batcher.embed(sentences, client))
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if done:
@@ -190,18 +216,46 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     observe = metrics.observe_stage
 
-    def _tokenize_timed(items: list, language: str) -> list[list[str]]:
+    def _tokenize_timed(items: list, language: str, stop: threading.Event) -> list[list[str]]:
         start = time.thread_time()
-        sentences = [tokenize(x, language) if isinstance(x, str) else x for x in items]
+        sentences = []
+        for x in items:
+            if stop.is_set():
+                raise Abandoned
+            sentences.append(tokenize(x, language) if isinstance(x, str) else x)
         observe("tokenize", time.thread_time() - start)
         return sentences
+
+    async def off_loop(request: Request, pool: ThreadPoolExecutor, work: Callable[[threading.Event], T]) -> T:
+        """`work(stop)` on a thread of `pool`, while the event loop serves others. If the client goes away
+        meanwhile (checked every DISCONNECT_POLL_S), or the request is cancelled, `stop` is set, so that the work
+        ends at its next check (Abandoned), and the request ends 499; work still waiting for a thread never
+        starts."""
+        stop = threading.Event()
+        future = asyncio.get_running_loop().run_in_executor(pool, work, stop)
+        try:
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    return future.result()
+                if await request.is_disconnected():
+                    raise ApiError(499, "client closed the request")
+        finally:
+            if not future.done():
+                stop.set()
+                future.cancel()
+
+    def offload(request: Request):
+        return lambda work: off_loop(request, encode_pool, work)
 
     def observe_parse(request: Request) -> None:
         read = request.scope.get("state", {}).get("body_read_cpu")
         if read is not None:
             observe("parse", time.thread_time() - read)
 
-    async def tokenized(items: list, field: str, truncate: bool, language: str) -> tuple[list[list[str]], list[dict]]:
+    async def tokenized(
+        request: Request, items: list, field: str, truncate: bool, language: str
+    ) -> tuple[list[list[str]], list[dict]]:
         """The request's sentences as tokens (texts by the Moses rules of `language`, the model's), within the
         limits, and what each item reports of its cut (`_truncate`). Refused (413) on cheap counts first, so an
         oversized request costs no tokenization; strings are tokenized off the event loop (Moses takes seconds on a
@@ -224,7 +278,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise ApiError(413, str(TooLarge(total, settings.queue_tokens)), field)
         sentences = items
         if any(isinstance(x, str) for x in items):
-            sentences = await asyncio.to_thread(_tokenize_timed, items, language)
+            sentences = await off_loop(request, tokenize_pool, lambda stop: _tokenize_timed(items, language, stop))
         for i, tokens in enumerate(sentences):
             if not tokens:
                 raise ApiError(422, "empty sentence", f"{field}[{i}]")
@@ -237,10 +291,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _truncate(sentences, settings.max_tokens_per_sentence, truncate)
 
     def answer_size(
-        dim: int, sentences: list[list[str]], outputs: int, pooled: bool, encoding: str, field: str, ways_out: str
+        request: Request,
+        dim: int,
+        sentences: list[list[str]],
+        outputs: int,
+        pooled: bool,
+        encoding: str,
+        field: str,
+        ways_out: str,
     ) -> int:
         """The answer's size for vectors of `dim`, estimated before the engine runs: 413 over the limit, naming the
-        ways out."""
+        ways out; 503 while the answers being made or sent hold too much of the answer budget to take it (it is
+        held from now until the answer is sent)."""
         size = answer_bytes([len(s) for s in sentences], dim, outputs, pooled, encoding)
         if size > settings.max_answer_bytes:
             vectors = len(sentences) if pooled else sum(map(len, sentences))
@@ -251,6 +313,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 f"{settings.max_answer_bytes} bytes per answer: ask for {ways_out}",
                 field,
             )
+        if refused := answers.take(request.scope, size):
+            raise ApiError(503, refused, headers=_retry(settings))
         return size
 
     npz_answer = {
@@ -273,16 +337,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         encoding = "npz" if npz else body.encoding
         num_layers = model.num_layers
         mixes, layer_ids = _resolve_output(body, num_layers)
-        sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate, model.engine.info.language)
+        language = model.engine.info.language
+        sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, language)
         outputs = len(mixes) or (num_layers if layer_ids is None else len(layer_ids))
         smaller = "" if npz else '"encoding": "base64", '  # the .npz is already the smallest encoding
         ways_out = f'"pooling": "mean", {smaller}fewer layers or mixes, or fewer sentences per request'
-        size = answer_size(model.dim, sentences, outputs, body.pooling == "mean", encoding, "sentences", ways_out)
+        pooled = body.pooling == "mean"
+        size = answer_size(request, model.dim, sentences, outputs, pooled, encoding, "sentences", ways_out)
         results = await embed_tokens(request, model, sentences, "sentences")
+        # numbers composing reads: every layer per mix, or each layer asked for
+        numbers = sum(map(len, sentences)) * model.dim * (num_layers * len(mixes) or outputs)
 
-        def answer() -> dict:
+        def answer(stop: threading.Event | None = None) -> dict:
             data = []
             for i, (tokens, layers, cut) in enumerate(zip(sentences, results, cuts, strict=True)):
+                if stop is not None and stop.is_set():
+                    raise Abandoned
                 single_mix = body.mixes is None
                 out = compose(layers, body.output, layer_ids, mixes, body.pooling, single_mix, body.unit_length)
                 embedding = Base64(out) if encoding == "base64" else out
@@ -296,7 +366,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             }
 
         # The same request answers JSON or .npz by its Accept header: caches must tell them apart.
-        return await respond(answer, size, npz, observe, headers={"vary": "accept"})
+        return await respond(
+            answer, size, npz, observe, headers={"vary": "accept"}, numbers=numbers, offload=offload(request)
+        )
 
     @app.post(
         "/v1/embeddings",
@@ -313,15 +385,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dim = model.dim
         if body.dimensions is not None and body.dimensions != dim:  # ignoring it would hand back the wrong size
             raise ApiError(422, f"{body.dimensions} asked for; this model's vectors have {dim}", "dimensions")
-        sentences, cuts = await tokenized(texts, "input", body.truncate, model.engine.info.language)
+        sentences, cuts = await tokenized(request, texts, "input", body.truncate, model.engine.info.language)
         ways_out = '"encoding_format": "base64", or fewer inputs per request'
-        size = answer_size(dim, sentences, 1, True, body.encoding_format, "input", ways_out)
+        size = answer_size(request, dim, sentences, 1, True, body.encoding_format, "input", ways_out)
         results = await embed_tokens(request, model, sentences, "input")
         default_mix = [([0.0] * model.num_layers, 1.0, "softmax", False)]
+        numbers = sum(map(len, sentences)) * dim * model.num_layers
 
-        def answer() -> dict:
+        def answer(stop: threading.Event | None = None) -> dict:
             data = []
             for i, (layers, cut) in enumerate(zip(results, cuts, strict=True)):
+                if stop is not None and stop.is_set():
+                    raise Abandoned
                 vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True, unit=body.unit_length)
                 embedding = Base64(vector) if body.encoding_format == "base64" else vector
                 data.append({"object": "embedding", "index": i, "embedding": embedding, **cut})
@@ -333,7 +408,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
 
-        return await respond(answer, size, observe=observe)
+        return await respond(answer, size, observe=observe, numbers=numbers, offload=offload(request))
 
     @app.post(
         "/tokenize",
@@ -341,9 +416,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=ERRORS,
         summary="the tokens /embed reads from the same sentences, and the bytes of each that the model reads",
     )
-    async def tokenize_sentences(body: TokenizeRequest):
+    async def tokenize_sentences(body: TokenizeRequest, request: Request):
         model = model_named(body.model)
-        sentences, cuts = await tokenized(body.sentences, "sentences", body.truncate, model.engine.info.language)
+        language = model.engine.info.language
+        sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, language)
         mapping = model.engine.mapping
         data = []
         for i, (tokens, cut) in enumerate(zip(sentences, cuts, strict=True)):
@@ -398,6 +474,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "max_tokens_per_sentence": settings.max_tokens_per_sentence,
                     "max_body_bytes": settings.max_body_bytes,
                     "max_inflight_bytes": settings.max_inflight_bytes,
+                    "max_inflight_bytes_per_client": settings.max_inflight_bytes_per_client,
+                    "max_answers_inflight_bytes": settings.max_answers_inflight_bytes,
                     "max_layers_or_mixes": MAX_OUTPUTS,
                     "max_text_chars": settings.max_text_chars,
                     "max_answer_bytes": settings.max_answer_bytes,
@@ -407,6 +485,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "head_timeout_s": settings.head_timeout_s,
                     "body_timeout_s": settings.body_timeout_s,
                     "body_min_rate": settings.body_min_rate,
+                    "write_timeout_s": settings.write_timeout_s,
+                    "max_pipelined": settings.max_pipelined,
                     "queue_tokens": settings.queue_tokens,
                     "batch_tokens": chosen.batch_tokens,
                 },
@@ -414,7 +494,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "models": {
                     m.name: {
                         **_described(m),
-                        "model_dir": str(m.folder),
+                        "model_dir": m.folder.name,  # its name: the server's paths are not shown
                         "created": m.created,
                         "queue_tokens": settings.queue_tokens,
                         "batch_tokens": m.batch_tokens,

@@ -1,8 +1,10 @@
 """Dynamic batching: many concurrent requests share the engine. Owns the policy, nothing else.
 
-* Each request's sentences wait in one FIFO queue, bounded in tokens: a request that does not fit is refused
-  at once (`QueueFull` -> 503 with Retry-After), never left to pile up; one larger than the whole queue could
-  never fit (`TooLarge` -> 413).
+* Each request's sentences wait in a queue bounded in tokens: a request that does not fit is refused at once
+  (`QueueFull` -> 503 with Retry-After), never left to pile up; one larger than the whole queue could never fit
+  (`TooLarge` -> 413). The queue is one FIFO per client (its address), taken from in turns, a sentence of each
+  at a time: a client that sends many long requests at once delays another's small one by a sentence of its
+  own, not by all of them (one client on 4 connections pushed a small request's median to 7 s).
 * One engine thread runs continuous batching (service/stepper.py): every call advances each sentence in
   flight by a window of positions, and between calls finished sentences are answered and waiting ones join,
   in queue order, as long as the tokens in flight stay within the token budget (at least one sentence always
@@ -55,6 +57,7 @@ class _Entry:
 
     sentences: list[list[str]]
     future: asyncio.Future
+    client: str = ""
     enqueued: float = field(default_factory=time.perf_counter)
     gone: bool = False
 
@@ -103,8 +106,8 @@ class Batcher:
         self._answered = 0  # requests the last window completed
         self.queue_tokens = queue_tokens
         self._on_batch = on_batch or (lambda stats: None)
-        self._cond = threading.Condition()  # guards the queue, its token count and `_stopping`
-        self._queue: deque[Item] = deque()
+        self._cond = threading.Condition()  # guards the queue, its counts and `_stopping`
+        self._queue = _Turns()
         self._queued_tokens = 0
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -128,19 +131,20 @@ class Batcher:
         if self._thread:
             await asyncio.to_thread(self._thread.join)
 
-    async def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+    async def embed(self, sentences: list[list[str]], client: str = "") -> list[np.ndarray]:
         """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full now,
-        TooLarge when the request alone is over the queue's size.
-        Cancelling the awaiting task (the client went away) takes the request out of the queue and of flight."""
+        TooLarge when the request alone is over the queue's size. `client` names whose turn its sentences wait
+        for. Cancelling the awaiting task (the client went away) takes the request out of the queue and of
+        flight."""
         if not sentences:  # no rows would ever resolve its future
             return []
-        entry = _Entry(sentences, asyncio.get_running_loop().create_future())
+        entry = _Entry(sentences, asyncio.get_running_loop().create_future(), client)
         if entry.tokens > self.queue_tokens:
             raise TooLarge(entry.tokens, self.queue_tokens)
         with self._cond:
             if self._queued_tokens + entry.tokens > self.queue_tokens:
                 raise QueueFull(f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens")
-            self._queue.extend((entry, i) for i in range(len(sentences)))
+            self._queue.extend(client, ((entry, i) for i in range(len(sentences))))
             self._queued_tokens += entry.tokens
             self._cond.notify()
         try:
@@ -148,9 +152,8 @@ class Batcher:
         finally:
             entry.gone = True  # answered, failed or cancelled: whatever of it is left costs no more compute
             if entry.waiting:
-                with self._cond:  # one pass over the queue, however many of its sentences wait
-                    self._queued_tokens -= sum(_tokens(item) for item in self._queue if item[0] is entry)
-                    self._queue = deque(item for item in self._queue if item[0] is not entry)
+                with self._cond:  # one pass over its client's queue, however many of its sentences wait
+                    self._queued_tokens -= self._queue.remove(entry)
                     entry.waiting = 0
 
     # ---- the engine thread -------------------------------------------------------------------------------
@@ -180,7 +183,7 @@ class Batcher:
     def _wait_for_company(self) -> None:
         """An idle engine waits up to `max_wait` after the oldest sentence, while the queue holds less than the
         budget (called with the lock held)."""
-        deadline = self._queue[0][0].enqueued + self.max_wait_s
+        deadline = self._queue.oldest() + self.max_wait_s
         while self._queue and self._queued_tokens < self.batch_tokens and (wait := deadline - time.perf_counter()) > 0:
             self._cond.wait(wait)
 
@@ -194,15 +197,15 @@ class Batcher:
             self._cond.wait(wait)
 
     def _take(self) -> list[Item]:
-        """Waiting sentences, in order, as many as fit the token budget beside those in flight (at least one
-        when none are) and the engine's rows. Called with the lock held."""
+        """Waiting sentences, each client's in order and the clients in turns, as many as fit the token budget
+        beside those in flight (at least one when none are) and the engine's rows. Called with the lock held."""
         taken: list[Item] = []
         in_flight = sum(row.length for row in self._stepper.rows)  # a row's length counts its boundaries, as _tokens
         while self._queue and len(taken) < self._stepper.room:
-            tokens = _tokens(self._queue[0])
+            tokens = _tokens(self._queue.next())
             if in_flight + tokens > self.batch_tokens and (taken or self._stepper.rows):
                 break
-            entry, i = self._queue.popleft()
+            entry, i = self._queue.pop()
             self._queued_tokens -= tokens
             entry.waiting -= 1
             if not entry.gone:
@@ -314,3 +317,52 @@ class Batcher:
     def _fail(entry: _Entry, err: Exception) -> None:
         if not entry.future.done():
             entry.future.set_exception(err)
+
+
+class _Turns:
+    """The queue: a FIFO of sentences per client, taken from in turns (round robin by sentence)."""
+
+    def __init__(self) -> None:
+        self._by_client: dict[str, deque[Item]] = {}  # in turn order: the next to take from first
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def extend(self, client: str, items) -> None:
+        queue = self._by_client.setdefault(client, deque())
+        before = len(queue)
+        queue.extend(items)
+        self._count += len(queue) - before
+
+    def next(self) -> Item:
+        """The sentence whose turn it is (the queue is not empty)."""
+        return self._by_client[next(iter(self._by_client))][0]
+
+    def pop(self) -> Item:
+        """Take the sentence whose turn it is; its client's turn then comes after every other's."""
+        client = next(iter(self._by_client))
+        queue = self._by_client.pop(client)
+        item = queue.popleft()
+        if queue:
+            self._by_client[client] = queue
+        self._count -= 1
+        return item
+
+    def oldest(self) -> float:
+        """When the sentence that has waited longest was queued."""
+        return min(queue[0][0].enqueued for queue in self._by_client.values())
+
+    def remove(self, entry: _Entry) -> int:
+        """Drop every waiting sentence of `entry`; the tokens they held."""
+        queue = self._by_client.get(entry.client)
+        if not queue:
+            return 0
+        kept = deque(item for item in queue if item[0] is not entry)
+        freed = sum(_tokens(item) for item in queue if item[0] is entry)
+        self._count -= len(queue) - len(kept)
+        if kept:
+            self._by_client[entry.client] = kept
+        else:
+            del self._by_client[entry.client]
+        return freed

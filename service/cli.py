@@ -150,7 +150,14 @@ def serve_main(argv: list[str] | None = None) -> int:
         access_log=False,
         timeout_graceful_shutdown=settings.drain_s,
         timeout_keep_alive=settings.keep_alive_s,
-        http=BoundedHttpProtocol.configured(settings.head_timeout_s, settings.max_header_bytes, settings.max_headers),
+        http=BoundedHttpProtocol.configured(
+            head_timeout_s=settings.head_timeout_s,
+            max_header_bytes=settings.max_header_bytes,
+            max_headers=settings.max_headers,
+            max_pipelined=settings.max_pipelined,
+            write_timeout_s=settings.write_timeout_s,
+            answer_half_closed=settings.answer_half_closed,
+        ),
     )
     server = DrainingServer(config, on_signal=lambda: start_draining(app))
     server.run()

@@ -8,14 +8,15 @@ item's float32 array (little-endian, of its `shape`), and `answer.json`, the JSO
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import math
+import re
 import time
 import zipfile
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from threading import Event
 
 import numpy as np
 import orjson
@@ -27,8 +28,12 @@ from fastapi.responses import Response, StreamingResponse
 BYTES_PER_NUMBER = {"float": 17, "base64": 16 / 3, "npz": 4}
 NPZ_ITEM_BYTES = 400
 NPZ = "application/x-npz"
+QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 JSON = "application/json"
 OFF_LOOP_BYTES = 1 << 20  # answers estimated larger are composed and encoded in a worker thread
+# So are answers whose composing reads more numbers than this (layers x mixes x tokens x dim): a pooled answer is
+# small, but 8 layer_norm mixes over 30 x 1000 tokens took the event loop 0.85 s. 2^20 numbers: a few ms.
+OFF_LOOP_NUMBERS = 1 << 20
 # Numbers per orjson call off the loop. orjson holds the GIL for a whole call (0.8 s for 16 M numbers), which
 # stops the event loop as surely as running on it would; 65 536 of them take it about 4 ms.
 PIECE_NUMBERS = 1 << 16
@@ -67,10 +72,9 @@ def wants_npz(accept: str) -> bool:
         for param in params:
             name, _, value = param.partition("=")
             if name.strip().lower() == "q":
-                try:
-                    weight = float(value)
-                except ValueError:
-                    weight = 0.0
+                # a qvalue is 0 to 1 with at most three decimals (RFC 9110 12.4.2): "inf", "nan", "1e3" or "2" are
+                # not one, and the range they weigh counts as not acceptable
+                weight = float(value) if QVALUE.fullmatch(value.strip()) else 0.0
         q[media.lower()] = max(weight, q.get(media.lower(), 0.0))
     json_q = next((q[m] for m in (JSON, "application/*", "*/*") if m in q), 0.0)
     return q.get(NPZ, 0.0) > 0 and q[NPZ] >= json_q
@@ -98,42 +102,52 @@ def json_response(payload, status: int = 200, headers: dict | None = None) -> Re
 
 
 Observe = Callable[[str, float], None]  # a stage's name and its CPU seconds
+Build = Callable[[Event | None], dict]  # the answer; it stops early (Abandoned) once the event is set
+# Runs a function of a stop event in a worker pool: the app's, which sets the event when the client has gone.
+Offload = Callable[[Callable[[Event], object]], Awaitable]
 
 
-def _timed(build: Callable[[], dict], encode: Callable, observe: Observe | None):
+class Abandoned(Exception):
+    """The client has gone: the work for its answer stopped where it was."""
+
+
+def _timed(build: Build, encode: Callable, observe: Observe | None, stop: Event | None = None):
     """`encode(build())`, with the CPU time of each (of the thread running them) told to `observe`."""
-    if observe is None:
-        return encode(build())
     start = time.thread_time()
-    payload = build()
+    payload = build(stop)
     built = time.thread_time()
-    encoded = encode(payload)
-    observe("compose", built - start)
-    observe("encode", time.thread_time() - built)
+    encoded = encode(payload, stop) if encode is encode_in_parts else encode(payload)
+    if observe is not None:
+        observe("compose", built - start)
+        observe("encode", time.thread_time() - built)
     return encoded
 
 
 async def respond(
-    build: Callable[[], dict],
+    build: Build,
     estimated_bytes: int,
     npz: bool = False,
     observe: Observe | None = None,
     headers: dict | None = None,
+    numbers: int = 0,
+    offload: Offload | None = None,
 ) -> Response:
-    """The JSON (with `npz`, the .npz) of `build()`: built and encoded here when its answer is estimated small;
-    otherwise built (the mixes are numpy work too) and encoded in a worker thread (JSON in pieces between which
-    the event loop runs; the .npz whole, then cut into parts there too), then sent in parts with its length."""
+    """The JSON (with `npz`, the .npz) of `build()`: built and encoded here when its answer is estimated small and
+    composing it reads at most OFF_LOOP_NUMBERS `numbers`; otherwise built (the mixes are numpy work too) and
+    encoded by `offload` in a worker thread (JSON in pieces between which the event loop runs, and which stop once
+    the client has gone; the .npz whole, then cut into parts there too), then sent in parts with its length."""
+    here = (estimated_bytes <= OFF_LOOP_BYTES and numbers <= OFF_LOOP_NUMBERS) or offload is None
     if npz:
-        if estimated_bytes <= OFF_LOOP_BYTES:
+        if here:
             return Response(bytes(_timed(build, npz_body, observe)), media_type=NPZ, headers=headers)
-        parts = await asyncio.to_thread(lambda: _in_parts(_timed(build, npz_body, observe)))
+        parts = await offload(lambda stop: _in_parts(_timed(build, npz_body, observe, stop)))
         media = NPZ
-    elif estimated_bytes <= OFF_LOOP_BYTES:
+    elif here:
         response = _timed(build, json_response, observe)
         response.headers.update(headers or {})
         return response
     else:
-        parts = await asyncio.to_thread(_timed, build, encode_in_parts, observe)
+        parts = await offload(lambda stop: _timed(build, encode_in_parts, observe, stop))
         media = JSON
     length = sum(map(len, parts))
 
@@ -149,12 +163,14 @@ def _in_parts(whole: memoryview) -> deque[bytes]:
     return deque(bytes(whole[k : k + SEND_BYTES]) for k in range(0, len(whole), SEND_BYTES))
 
 
-def encode_in_parts(payload) -> deque[bytes]:
+def encode_in_parts(payload, stop: Event | None = None) -> deque[bytes]:
     """The bytes json_response would write, as parts of about SEND_BYTES, from orjson calls of at most
-    PIECE_NUMBERS numbers each."""
+    PIECE_NUMBERS numbers each; Abandoned once `stop` is set."""
     parts: deque[bytes] = deque()
     buffer, size = [], 0
     for piece in _pieces(payload):
+        if stop is not None and stop.is_set():
+            raise Abandoned
         buffer.append(piece)
         size += len(piece)
         if size >= SEND_BYTES:

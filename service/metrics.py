@@ -51,6 +51,12 @@ class Metrics:
             buckets=STAGE_BUCKETS,
             registry=r,
         )
+        # What the in-flight budgets hold now (read at each scrape): request bodies read and not yet done with, and
+        # the estimated sizes of the answers being made or sent.
+        self.body_bytes = Gauge("elmo_body_bytes_held", "bytes of request bodies in flight", registry=r)
+        self.answer_bytes = Gauge(
+            "elmo_answer_bytes_held", "estimated bytes of the answers being made or sent", registry=r
+        )
         self.rejected = Counter(
             "elmo_rejected", "requests refused with 503 because their model's queue was full", ["model"], registry=r
         )

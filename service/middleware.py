@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 from collections.abc import Callable
 from time import perf_counter, thread_time
 
 import orjson
 
 from service.metrics import Metrics
+
+log = logging.getLogger("elmo.service")
 
 
 class ApiKeys:
@@ -32,7 +35,11 @@ class ApiKeys:
         path, root = scope["path"], scope.get("root_path", "")
         if (path[len(root) :] if root and path.startswith(root) else path) in self.OPEN:
             return await self.app(scope, receive, send)
-        header = dict(scope.get("headers") or {}).get(b"authorization", b"")
+        given = [value for name, value in scope.get("headers") or () if name == b"authorization"]
+        if len(given) > 1:  # which one counts would be a guess (a proxy may read the first, this the last)
+            detail = {"detail": f"authorization: {len(given)} Authorization headers; send one"}
+            return await send_json(send, 400, detail)
+        header = given[0] if given else b""
         scheme, _, token = header.partition(b" ")
         presented = hashlib.sha256(token.strip()).digest()
         matched = False
@@ -50,7 +57,8 @@ NEXT_PART_S = 0.05  # the least a body behind the minimum rate still gets for it
 
 class BodyLimit:
     """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed), and bound
-    what the bodies of all requests in flight hold together: over `inflight` bytes, 503 with Retry-After.
+    what the bodies of all requests in flight hold together: over `inflight` bytes, or over `per_client` bytes
+    from one client address, 503 with Retry-After (so one client cannot take the whole budget).
 
     A body must also keep arriving: each part within `timeout_s` of the last (the first within `timeout_s` of
     the headers), and all of it at `min_rate` bytes/s on average once `timeout_s` has passed. A slower one is
@@ -58,11 +66,24 @@ class BodyLimit:
     ten clients that send most of a large body and then stop would hold the whole budget for as long as they
     keep their connections open, and every other POST would get 503."""
 
-    def __init__(self, app, limit: int, inflight: int, retry_after_s: int, timeout_s: float, min_rate: int):
-        self.app, self.limit, self.inflight = app, limit, inflight
+    def __init__(
+        self,
+        app,
+        limit: int,
+        inflight: int,
+        per_client: int,
+        retry_after_s: int,
+        timeout_s: float,
+        min_rate: int,
+        metrics: Metrics | None = None,
+    ):
+        self.app, self.limit, self.inflight, self.per_client = app, limit, inflight, per_client
         self.retry_after = str(retry_after_s).encode()
         self.timeout_s, self.min_rate = timeout_s, min_rate
         self.held = 0  # bytes of the bodies of all requests in flight
+        self.by_client: dict[str, int] = {}  # the same, per client address (present while it holds any)
+        if metrics is not None:
+            metrics.body_bytes.set_function(lambda: self.held)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -72,6 +93,7 @@ class BodyLimit:
             return await self._too_large(send)
         chunks, size, more = [], 0, True
         start = perf_counter()
+        client = (scope.get("client") or ("",))[0]
         try:
             while more:
                 try:
@@ -88,9 +110,16 @@ class BodyLimit:
                         f"overloaded: request bodies in flight hold {self.held} of {self.inflight} bytes; retry later"
                     )
                     return await send_json(send, 503, {"detail": detail}, [(b"retry-after", self.retry_after)])
+                if (mine := self.by_client.get(client, 0)) + len(chunk) > self.per_client:
+                    detail = (
+                        f"overloaded: request bodies in flight from your address hold {mine} of {self.per_client} "
+                        "bytes; retry later"
+                    )
+                    return await send_json(send, 503, {"detail": detail}, [(b"retry-after", self.retry_after)])
                 chunks.append(chunk)
                 size += len(chunk)
                 self.held += len(chunk)
+                self.by_client[client] = mine + len(chunk)
                 more = message.get("more_body", False)
             body, replayed = b"".join(chunks), False
             chunks.clear()
@@ -107,6 +136,10 @@ class BodyLimit:
             await self.app(scope, replay, send)
         finally:
             self.held -= size
+            if size and (left := self.by_client[client] - size):
+                self.by_client[client] = left
+            elif size:
+                del self.by_client[client]
 
     def _wait(self, start: float, size: int) -> float:
         """How long the next part of a body may take: `timeout_s`, less whatever the body is behind the
@@ -130,9 +163,48 @@ class BodyLimit:
         await send_json(send, 413, {"detail": f"body: larger than the limit of {self.limit} bytes"})
 
 
+class AnswerBudget:
+    """The estimated sizes of the answers being made or sent, bounded together: a route takes its answer's size
+    before the engine runs (`take`), and gets 503 when the budget cannot hold it; `releasing`, a middleware
+    around the routes, gives it back once the answer is sent or the client has gone. Without it, clients that
+    ask for large answers and never read them held memory for as long as they stayed (the write timeout closes
+    them; this bounds what they hold meanwhile)."""
+
+    KEY = "elmo_answer_bytes"  # what a request holds, in its scope's state
+
+    def __init__(self, limit: int, metrics: Metrics | None = None):
+        self.limit, self.held = limit, 0
+        if metrics is not None:
+            metrics.answer_bytes.set_function(lambda: self.held)
+        budget = self
+
+        class Releasing:
+            def __init__(self, app):
+                self.app = app
+
+            async def __call__(self, scope, receive, send):
+                try:
+                    await self.app(scope, receive, send)
+                finally:
+                    budget.held -= scope.get("state", {}).pop(AnswerBudget.KEY, 0)
+
+        self.releasing = Releasing
+
+    def take(self, scope, size: int) -> str | None:
+        """Hold `size` bytes for this request's answer; or why not (the 503's detail)."""
+        if self.held + size > self.limit:
+            return f"overloaded: answers being made or sent hold {self.held} of {self.limit} bytes; retry later"
+        self.held += size
+        state = scope.setdefault("state", {})
+        state[self.KEY] = state.get(self.KEY, 0) + size
+        return None
+
+
 class DrainCutoff:
     """A request still running when the drain bound has passed is cancelled by uvicorn, which would answer
-    it 500 and log a traceback: answer it 503 with Retry-After instead (another replica can take it)."""
+    it 500 and log a traceback: answer it 503 with Retry-After instead (another replica can take it). One whose
+    answer had started (a slow reader) ends there, with a line in the log (DrainingServer closed its
+    connection just before)."""
 
     def __init__(self, app, draining: Callable[[], bool], retry_after_s: int):
         self.app, self.draining, self.retry_after = app, draining, str(retry_after_s).encode()
@@ -150,11 +222,14 @@ class DrainCutoff:
         try:
             await self.app(scope, receive, send_started)
         except asyncio.CancelledError:
-            if not self.draining() or started:
+            if not self.draining():
                 raise
             task = asyncio.current_task()
             if task is not None and hasattr(task, "uncancel"):  # Python 3.11+: the cancellation is handled
                 task.uncancel()
+            if started:  # an answer still being sent (a slow reader): the server closed its connection already
+                log.info("the drain time passed while an answer was being sent: its connection was closed")
+                return
             detail = {"detail": "shutting down: the request did not finish within the drain time; retry"}
             await send_json(send, 503, detail, [(b"retry-after", self.retry_after)])
 

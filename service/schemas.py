@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 # Finite and bounded, so a mix can never overflow float32 into inf or NaN.
@@ -12,6 +13,11 @@ Number = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
 # Layers or mixes per request: each one is a copy of the answer, so a list of a million would need
 # a million times its memory.
 MAX_OUTPUTS = 8
+# Validation stops at a list's first wrong item (pydantic's fail_fast): a body of a million wrong items would
+# otherwise cost a million error objects (8 s and 850 MB of the event loop for 2 MB of integers). Likewise at
+# most this many unknown fields are reported (each is an error too).
+MAX_UNKNOWN_FIELDS = 11
+Tokens = Annotated[list[str], Field(fail_fast=True)]
 MODEL_DESCRIPTION = "the served model to use (GET /v1/models lists them); default: the first (404 for another name)"
 # What OpenAI's API also takes as `input`, and LangChain's OpenAIEmbeddings sends by default (tiktoken's ids): ids
 # of OpenAI's tokenizer mean nothing to an ELMo, which reads characters.
@@ -25,9 +31,20 @@ class _Strict(BaseModel):
     # No silent coercion ("1" is not a number) and no unknown fields (a typo is an error, not ignored).
     model_config = ConfigDict(strict=True, extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _few_unknown_fields(cls, data):
+        fields = cls.model_fields
+        if isinstance(data, dict) and len(data) > len(fields) + MAX_UNKNOWN_FIELDS:
+            unknown = set(islice((name for name in data if name not in fields), MAX_UNKNOWN_FIELDS))
+            return {name: value for name, value in data.items() if name in fields or name in unknown}
+        return data
+
 
 class Mix(_Strict):
-    weights: list[Number] | None = Field(None, description="scalar weights s_j, one per layer; default all 0")
+    weights: list[Number] | None = Field(
+        None, fail_fast=True, description="scalar weights s_j, one per layer; default all 0"
+    )
     gamma: Number = Field(1.0, description="scale of the mix")
     normalize: Literal["softmax", "none"] = Field("softmax", description="softmax(s) (the paper's mix) or s as is")
     layer_norm: bool = Field(False, description="normalize each layer over the sentence's tokens and dims first")
@@ -35,20 +52,25 @@ class Mix(_Strict):
 
 class EmbedRequest(Mix):
     model: str | None = Field(None, description=MODEL_DESCRIPTION)
-    sentences: list[list[str] | str] = Field(
+    sentences: list[Tokens | str] = Field(
         ...,
         min_length=1,
+        fail_fast=True,
         description="pre-tokenized sentences (lists of tokens), or strings that the server tokenizes (Moses)",
         examples=[[["The", "bank", "of", "the", "river", "."], "She went to the bank to deposit money."]],
     )
     output: Literal["mix", "layers"] = Field("mix", description="the scalar mix, or the per-layer vectors")
     layers: list[int] | None = Field(
-        None, min_length=1, max_length=MAX_OUTPUTS, description='with output "layers": which layers, in this order'
+        None,
+        fail_fast=True,
+        min_length=1,
+        max_length=MAX_OUTPUTS,
+        description='with output "layers": which layers, in this order',
     )
     pooling: Literal["none", "mean"] = Field("none", description='"mean" averages over the tokens')
     encoding: Literal["float", "base64"] = Field("float", description="base64: little-endian float32, C order")
     mixes: list[Mix] | None = Field(
-        None, min_length=1, max_length=MAX_OUTPUTS, description="several mixes at once: one per entry"
+        None, fail_fast=True, min_length=1, max_length=MAX_OUTPUTS, description="several mixes at once: one per entry"
     )
     unit_length: bool = Field(
         False,
@@ -86,9 +108,10 @@ class EmbedResponse(BaseModel):
 
 class TokenizeRequest(_Strict):
     model: str | None = Field(None, description=MODEL_DESCRIPTION)
-    sentences: list[list[str] | str] = Field(
+    sentences: list[Tokens | str] = Field(
         ...,
         min_length=1,
+        fail_fast=True,
         description="what /embed takes: pre-tokenized sentences, or strings that the server tokenizes (Moses)",
         examples=[["She went to the bank.", ["a", "pneumonoultramicroscopicsilicovolcanoconiosis-like"]]],
     )
@@ -120,7 +143,7 @@ class TokenizeResponse(BaseModel):
 class OpenAIEmbeddingRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")  # OpenAI clients send fields such as `user`
 
-    input: str | list[str] = Field(..., description="a string or a list of strings")
+    input: str | Tokens = Field(..., description="a string or a list of strings")
     model: str | None = Field(None, description=MODEL_DESCRIPTION)
     encoding_format: Literal["float", "base64"] = "float"
     unit_length: bool = Field(False, description="scale each vector to L2 norm 1")

@@ -6,16 +6,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 from collections.abc import Callable
 from types import FrameType
 
 import httptools
 import orjson
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 log = logging.getLogger("elmo.service")
 LINGER_S = 2.0  # after refusing a request head, how long what the client still sends is read and dropped
+# What is parsed at once: a read of 256 KiB can hold 6,898 pipelined requests, and httptools parses a whole read
+# in one call, so reads are parsed in slices of this size, and no further while `max_pipelined` requests wait.
+PARSE_SLICE = 4096
 
 
 class DrainingServer(uvicorn.Server):
@@ -42,6 +47,18 @@ class DrainingServer(uvicorn.Server):
         )
         await super().shutdown(sockets)
 
+    async def _wait_tasks_to_complete(self) -> None:
+        try:
+            await super()._wait_tasks_to_complete()
+        except asyncio.CancelledError:
+            # The drain bound has passed, and uvicorn cancels the requests still running next: first close the
+            # connections of those whose answer is being sent, which cannot be finished, so that they end quietly
+            # (uvicorn logged a CancelledError traceback for each).
+            for connection in list(self.server_state.connections):
+                if isinstance(connection, BoundedHttpProtocol):
+                    connection.cut_off()
+            raise
+
 
 class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a request head over a bound."""
@@ -58,17 +75,34 @@ class BoundedHttpProtocol(HttpToolsProtocol):
       measured by the bytes that came for it.
     - order: a valid request pipelined before garbage on the same connection is answered first, then the
       garbage gets its 400 (uvicorn answers 400 at once and closes, so the valid request's answer was lost).
+      A request whose own body is malformed (a bad chunk-size line, too many trailers) is answered at once.
+    - pipelining: at most `max_pipelined` requests wait behind the one being answered; nothing more is read or
+      parsed from the connection until they are answered (uvicorn queued every request of a read).
+    - answers not read: a connection whose answer has not drained for `write_timeout_s` is closed, and what it
+      held is freed (a client that never reads held its answer for as long as it liked).
+    - trailers: the fields of a chunked body's trailer never join the request's headers (uvicorn appended them,
+      so a trailer `Authorization` passed the key check); they count against the header bounds.
+    - a client that closes its sending side: by default it is taken as gone (its request is cancelled, as
+      nginx does); with `answer_half_closed` it still gets its answer (TCP cannot tell the two apart).
 
     Refusals are JSON `{"detail": ...}` like the service's own, and close the connection."""
 
     head_timeout_s = 10.0
     max_header_bytes = 16384
     max_headers = 100
+    max_pipelined = 16
+    write_timeout_s = 30.0
+    answer_half_closed = False
 
     @classmethod
-    def configured(cls, head_timeout_s: float, max_header_bytes: int, max_headers: int) -> type[BoundedHttpProtocol]:
+    def configured(cls, **bounds) -> type[BoundedHttpProtocol]:
         """This protocol with these bounds (uvicorn makes one per connection from the class it is given)."""
-        bounds = {"head_timeout_s": head_timeout_s, "max_header_bytes": max_header_bytes, "max_headers": max_headers}
+        unknown = set(bounds) - {
+            "head_timeout_s", "max_header_bytes", "max_headers", "max_pipelined", "write_timeout_s",
+            "answer_half_closed",
+        }  # fmt: skip
+        if unknown:
+            raise TypeError(f"not a bound of the protocol: {', '.join(sorted(unknown))}")
         return type(cls.__name__, (cls,), bounds)
 
     def __init__(self, *args, **kwargs):
@@ -79,21 +113,65 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_raw = 0  # bytes that came while a head was in progress, counted from its second read on
         self._head_refusal: tuple[int, str] | None = None  # why a parser callback stopped the parser
         self._refusal: bytes | None = None  # the answer to a bad request, sent once those before it are answered
+        self._unparsed = bytearray()  # read, not parsed yet: `max_pipelined` requests wait
+        self._running: RequestResponseCycle | None = None  # the request being answered
+        self._trailers = 0  # fields of the trailer of the body in progress
+        self._write_timer: asyncio.TimerHandle | None = None
 
     # -- the connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow = _PipelineFlow(transport, self)
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_write_timer()
+        # uvicorn marks only the request parsed last as disconnected: the one being answered (when others were
+        # pipelined behind it) then wrote to a closed transport, and logged a 5 KB traceback each time.
+        for cycle in (self._running, *(cycle for cycle, _ in self.pipeline)):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self.pipeline.clear()
+        self._unparsed.clear()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:
+        # True keeps the connection open to write the answer; None closes it (and the request is cancelled).
+        running = self._running
+        if self.answer_half_closed and running is not None and not running.response_complete:
+            running.keep_alive = False  # nothing more can come: closed once answered
+            return True
+        return None
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
         if self._refusal is not None:
             return  # a bad request came: nothing after it is read, and its answer waits for those before it
+        self._unparsed += data
+        self._parse()
+
+    def _parse(self) -> None:
+        """Parse what was read, a slice at a time, while fewer than `max_pipelined` requests wait."""
+        while self._unparsed and self._refusal is None and self.parser is not None and not self._pipeline_full():
+            piece = bytes(self._unparsed[:PARSE_SLICE])
+            del self._unparsed[:PARSE_SLICE]
+            self._feed(piece)
+        if self._unparsed:
+            self.flow.pause_reading()  # resumed once the waiting requests are answered
+        elif not self._pipeline_full() and not self._body_waits():
+            self.flow.resume_reading()
+
+    def _pipeline_full(self) -> bool:
+        return len(self.pipeline) >= self.max_pipelined
+
+    def _body_waits(self) -> bool:
+        """The request in progress holds more body than its app took (uvicorn pauses reading for that)."""
+        return self.cycle is not None and len(self.cycle.body) > 65536
+
+    def _feed(self, data: bytes) -> None:
         if self._in_head:
             self._head_raw += len(data)
         try:
@@ -103,6 +181,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+            self._unparsed.clear()
             return
         except httptools.HttpParserError:
             self._refuse(*(self._head_refusal or (400, "request: not valid HTTP/1.1")))
@@ -110,10 +189,51 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._in_head and self._head_raw > self.max_header_bytes:
             self._refuse(431, self._too_large())
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._refusal is not None and not self._answering() and not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self._refusal is not None and not self._answering():
             self._send_refusal()
+        elif self._unparsed:
+            self._parse()
+
+    def cut_off(self) -> None:
+        """Close the connection now if an answer is being sent on it (the drain time has passed)."""
+        running = self._running
+        if running is not None and running.response_started and not running.response_complete:
+            self.transport.abort()
+
+    # -- answers that are not read
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout_s, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        self._cancel_write_timer()
+        super().resume_writing()
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        if not self.transport.is_closing():
+            log.info("closed a connection whose answer was not read for %g s", self.write_timeout_s)
+            # Reset, not closed: a close would leave the kernel holding what is unsent (megabytes) behind its FIN
+            # for as long as the client does not read it.
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
 
     # -- parser callbacks
 
@@ -128,6 +248,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:  # a field of a chunked body's trailer: bounded, then dropped
+            self._trailers += 1
+            self._head_bytes += len(name) + len(value) + 4
+            if self._trailers > self.max_headers or self._head_bytes > self.max_header_bytes:
+                limit = f"{self.max_headers} fields and {self.max_header_bytes} bytes"
+                self._head_refusal = (431, f"trailers: over the limit of {limit} with the headers")
+                raise _HeadRefused
+            return
         self._grow(len(name) + len(value) + 4)  # with ": " and CRLF
         if len(self.headers) >= self.max_headers:
             limit = self.max_headers
@@ -137,6 +265,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._trailers = len(self.headers)
         self._cancel_head_timer()
         super().on_headers_complete()
 
@@ -175,15 +304,24 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, detail: str) -> None:
         """Answer `status` and close, after the answers to the requests before it (HTTP/1.1 answers in order)."""
         self._cancel_head_timer()
+        self._unparsed.clear()
         body = orjson.dumps({"detail": detail})
         head = [STATUS_LINE[status]]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body)]
         self._refusal = b"".join([*head, b"connection: close\r\n\r\n", body])
-        if not self._answering():
+        cycle = self.cycle
+        if not self._in_head and cycle is self._running and cycle is not None and not cycle.response_started:
+            # The request being answered is the bad one (its body or trailer): it is answered now, not after the
+            # body timeout, and its app sees the client gone.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            self._send_refusal()
+        elif not self._answering():
             self._send_refusal()
 
     def _send_refusal(self) -> None:
+        self._unparsed.clear()
         self.transport.write(self._refusal)
         if not self.transport.can_write_eof():
             self.transport.close()
@@ -193,3 +331,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # a moment, then close.
         self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.close)
+
+
+class _PipelineFlow(FlowControl):
+    """uvicorn's flow control, except that reading stays paused while the connection's pipelined requests are at
+    their bound or it holds read bytes not parsed yet (an app asking for its body resumes reading)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: BoundedHttpProtocol):
+        super().__init__(transport)
+        self.protocol = protocol
+
+    def resume_reading(self) -> None:
+        if not self.protocol._unparsed and not self.protocol._pipeline_full():
+            super().resume_reading()

@@ -79,12 +79,25 @@ class Settings(BaseSettings):
     max_inflight_bytes: int = Field(
         64 << 20, ge=1, description="bodies of all requests in flight together (503 above); at least max_body_bytes"
     )
+    # One client (an address) could otherwise hold the whole budget with a few stalled uploads.
+    max_inflight_bytes_per_client: int = Field(
+        16 << 20,
+        ge=1,
+        description="bodies in flight from one client address (503 above); at least max_body_bytes",
+    )
     max_text_chars: int = Field(
         1_000_000, ge=1, description="characters of a sentence sent as text, for the server to tokenize"
     )
     # 64 MiB of JSON takes orjson about 0.3 s and the client longer: a bound on one answer's memory and time.
     max_answer_bytes: int = Field(
         64 << 20, ge=1, description="an answer's size, estimated before the engine runs (17 bytes a JSON number)"
+    )
+    # Answers wait for their clients to read them: without a bound, 40 clients that never read held 1.6 GB.
+    max_answers_inflight_bytes: int = Field(
+        128 << 20,
+        ge=1,
+        description="the estimated sizes of all answers being made or sent together (503 above); at least "
+        "max_answer_bytes",
     )
 
     # connections: how long a client may take, and how large a request head may be (a slow or idle one would
@@ -93,8 +106,20 @@ class Settings(BaseSettings):
         10.0, gt=0, description="a request line and headers must arrive within this of the connection or first byte"
     )
     body_timeout_s: float = Field(10.0, gt=0, description="longest wait for the next part of a body (408 after it)")
+    # Holding the in-flight budget costs what the bodies are sent at: at 64 KiB/s, about 4 Mbit/s held all of it.
     body_min_rate: int = Field(
-        65536, ge=0, description="bytes/s a body must average once body_timeout_s has passed (0: no minimum)"
+        512 << 10, ge=0, description="bytes/s a body must average once body_timeout_s has passed (0: no minimum)"
+    )
+    write_timeout_s: float = Field(
+        30.0, gt=0, description="a connection whose answer is not being read is closed after this (its memory freed)"
+    )
+    max_pipelined: int = Field(
+        16, ge=1, description="requests waiting on one connection behind the one answered; nothing more is read"
+    )
+    answer_half_closed: bool = Field(
+        False,
+        description="answer a client that closes its sending side after its request (default: it is taken as gone "
+        "and its request cancelled; TCP cannot tell the two apart)",
     )
     keep_alive_s: float = Field(5.0, gt=0, description="an idle connection between requests is closed after this")
     max_header_bytes: int = Field(16384, ge=1024, description="request line and headers together (431 above)")
@@ -111,6 +136,11 @@ class Settings(BaseSettings):
     device_id: int = Field(0, ge=0, description="the GPU to run on (CUDA device order)")
     cuda_graphs: bool = Field(False, description="capture each batch shape as a CUDA graph (CUDA only)")
     max_rows: int = Field(1024, ge=1, description="sentences in flight at most (slots of the engine's state store)")
+
+    # CPU pools of their own, so that neither waits for the other nor for the default pool (six abandoned texts
+    # once held every worker for 80 s)
+    tokenize_threads: int = Field(2, ge=1, description="threads tokenizing texts (Moses)")
+    encode_threads: int = Field(2, ge=1, description="threads composing and encoding large answers")
 
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")
     drain_s: float = Field(30.0, ge=0, description="on SIGTERM, how long requests in flight may take to finish")
@@ -180,10 +210,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _a_largest_body_fits(self) -> Settings:
-        if self.max_inflight_bytes < self.max_body_bytes:
+        for name in ("max_inflight_bytes", "max_inflight_bytes_per_client"):
+            if getattr(self, name) < self.max_body_bytes:
+                raise ValueError(
+                    f"{variable(name)} ({getattr(self, name)}) is below ELMO_MAX_BODY_BYTES ({self.max_body_bytes}): "
+                    "a body at the limit could never be taken; raise one or lower the other"
+                )
+        if self.max_answers_inflight_bytes < self.max_answer_bytes:
             raise ValueError(
-                f"ELMO_MAX_INFLIGHT_BYTES ({self.max_inflight_bytes}) is below ELMO_MAX_BODY_BYTES "
-                f"({self.max_body_bytes}): a body at the limit could never be taken; raise one or lower the other"
+                f"ELMO_MAX_ANSWERS_INFLIGHT_BYTES ({self.max_answers_inflight_bytes}) is below ELMO_MAX_ANSWER_BYTES "
+                f"({self.max_answer_bytes}): an answer at the limit could never be made; raise one or lower the other"
             )
         return self
 
@@ -192,8 +228,10 @@ class Settings(BaseSettings):
         left unset, as the engine's provider decided them."""
         values = self.model_dump(mode="json")
         values.update({name: value for name, value in resolved.items() if values.get(name) is None})
-        # the default model's, also where ELMO_MODELS named the models (and model_dir kept its unused default)
-        values["model_name"], values["model_dir"] = self.models[0][0], str(self.models[0][1])
+        # the default model's, also where ELMO_MODELS named the models (and model_dir kept its unused default);
+        # folders by their names only: where the server's files lie is no client's business
+        values["model_name"], values["model_dir"] = self.models[0][0], self.models[0][1].name
+        values["models"] = [[name, folder.name] for name, folder in self.models]
         return values
 
 

@@ -20,9 +20,25 @@ _PIECE = re.compile(rf"[{MosesTokenizer.IsAlnum}]+|[^{MosesTokenizer.IsAlnum}\s]
 LANGUAGES = tuple(sorted(set(NonbreakingPrefixes().available_langs.values())))
 
 
+class _Moses(MosesTokenizer):
+    """sacremoses' tokenizer, with its character-class tests on sets built once: its own build a set of its
+    10,862 letters for every token that ends in a full stop (0.9 ms each: `"a.a. " * 4000` took 3.6 s). The
+    tests answer the same, so the tokens are the same."""
+
+    def __init__(self, lang: str = "en"):
+        super().__init__(lang=lang)
+        self._alpha, self._lower = frozenset(self.IsAlpha), frozenset(self.IsLower)  # after CJK letters joined
+
+    def islower(self, text: str) -> bool:
+        return self._lower.issuperset(text)
+
+    def isanyalpha(self, text: str) -> bool:
+        return not self._alpha.isdisjoint(text)
+
+
 @lru_cache(maxsize=8)
 def _moses(language: str) -> MosesTokenizer:
-    return MosesTokenizer(lang=language)
+    return _Moses(lang=language)
 
 
 def tokenize(text: str, language: str = "en") -> list[str]:

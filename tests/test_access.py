@@ -120,3 +120,32 @@ def test_request_text_is_logged_when_asked_for(client, server):
     assert response.status_code == 200
     assert secret in server.log.read_text()
     assert not any(key in server.log.read_text() for key in KEYS)
+
+
+def chunked_post(port: int, path: str, body: bytes, headers: bytes = b"", trailer: bytes = b"") -> tuple:
+    """A POST whose body is chunked, with `trailer` fields after its last chunk; its answer."""
+    from tests.server import raw_exchange
+
+    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+    data = head.encode() + headers + b"\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n" + trailer + b"\r\n"
+    ((status, answer_headers, answer),) = raw_exchange(port, data, answers=1)
+    return status, answer_headers, answer
+
+
+def test_a_key_in_a_chunked_trailer_is_not_a_key(server):
+    # uvicorn appended trailer fields to the request's headers: a trailer Authorization passed the key check.
+    body = b'{"sentences": [["a"]]}'
+    trailer = f"authorization: Bearer {KEYS[0]}\r\n".encode()
+    status, headers, answer = chunked_post(server.port, "/embed", body, trailer=trailer)
+    assert status == 401 and headers["www-authenticate"] == "Bearer", answer
+    key = f"authorization: Bearer {KEYS[0]}\r\n".encode()
+    status, _, answer = chunked_post(server.port, "/embed", body, headers=key)  # the same, as a header
+    assert status == 200, answer
+
+
+def test_two_authorization_headers_are_refused(client):
+    both = [("authorization", f"Bearer {KEYS[0]}"), ("authorization", "Bearer wrong")]
+    for headers in (both, both[::-1], [both[0], both[0]]):
+        response = client.post("/embed", json=ONE, headers=headers)
+        assert response.status_code == 400, response.text
+        assert response.json()["detail"] == "authorization: 2 Authorization headers; send one"

@@ -615,16 +615,20 @@ def test_info(client, server, tiny_model_dir):
     assert limits["max_text_chars"] == 1_000_000 and limits["max_answer_bytes"] == 64 << 20
     assert limits["answer_bytes_per_number"] == {"float": 17, "base64": 16 / 3, "npz": 4}
     assert (limits["max_header_bytes"], limits["max_headers"]) == (16384, 100)
-    assert (limits["head_timeout_s"], limits["body_timeout_s"], limits["body_min_rate"]) == (10, 10, 65536)
+    assert (limits["head_timeout_s"], limits["body_timeout_s"], limits["body_min_rate"]) == (10, 10, 512 << 10)
+    assert limits["max_inflight_bytes_per_client"] == 16 << 20 and limits["max_answers_inflight_bytes"] == 128 << 20
+    assert (limits["write_timeout_s"], limits["max_pipelined"]) == (30, 16)
     settings = info["settings"]
-    assert settings["port"] == server.port and settings["model_dir"] == str(tiny_model_dir)
+    # folders by their names: the server's paths are not shown
+    assert settings["port"] == server.port and settings["model_dir"] == tiny_model_dir.name
+    assert str(tiny_model_dir) not in json.dumps(info)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"
     assert settings["batch_tokens"] == 4096  # unset: the CPU provider's default, shown as in force
-    assert settings["models"] == [[tiny_model_dir.name, str(tiny_model_dir)]]  # the one model of ELMO_MODEL_DIR
+    assert settings["models"] == [[tiny_model_dir.name, tiny_model_dir.name]]  # the one model of ELMO_MODEL_DIR
     ((name, model),) = info["models"].items()
     assert name == tiny_model_dir.name and (model["dim"], model["num_layers"]) == (DIM, NUM_LAYERS)
     assert model["manifest"] == info["manifest"] and model["graph"] == info["graph"]
-    assert (model["queue_tokens"], model["batch_tokens"], model["model_dir"]) == (65536, 4096, str(tiny_model_dir))
+    assert (model["queue_tokens"], model["batch_tokens"], model["model_dir"]) == (65536, 4096, tiny_model_dir.name)
     assert client.get("/info", params={"model": name}).json() == info
     unknown = client.get("/info", params={"model": "x"})
     assert unknown.status_code == 404 and unknown.json()["detail"].startswith("model: unknown model 'x'")

@@ -521,3 +521,27 @@ def test_a_failure_while_sentences_join_runs_them_and_those_in_flight_again_whol
     assert_own_rows(engine, [another], got_another)
     assert_own_rows(engine, [huge], got_huge)
     assert_own_rows(engine, [["still", "serving"]], after)
+
+
+def test_clients_take_turns(engine):
+    # Client a queues two requests of 6 sentences, then b one of 2, then c one: they join a sentence of each
+    # client at a time, so b's and c's are not behind all of a's; each client's sentences keep their order.
+    a1, a2 = make_sentences(6, seed=1), make_sentences(6, seed=2)
+    b, c = make_sentences(2, seed=3), make_sentences(1, seed=4)
+
+    async def main():
+        batcher, stepper, _ = make(engine, batch_tokens=10_000)
+        blocker = await start_blocked(batcher, stepper)
+        tasks = [asyncio.ensure_future(batcher.embed(r, client)) for r, client in ((a1, "a"), (a2, "a"), (b, "b"),
+                                                                                   (c, "c"))]  # fmt: skip
+        await wait_until(lambda: batcher.queued_tokens == sentence_tokens([*a1, *a2, *b, *c]))
+        stepper.release()
+        results = await asyncio.gather(blocker, *tasks)
+        await batcher.stop()
+        return stepper, results[1:]
+
+    stepper, results = run(main)
+    for sentences, got in zip((a1, a2, b, c), results, strict=True):
+        assert_own_rows(engine, sentences, got)
+    a = [*a1, *a2]
+    assert stepper.admitted == [BLOCKER, a[0], b[0], c[0], a[1], b[1], *a[2:]]

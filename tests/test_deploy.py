@@ -382,3 +382,17 @@ def test_readme_documents_every_setting():
     readme = (ROOT / "README.md").read_text()
     missing = [name for name in SETTINGS if f"`{name}`" not in readme]
     assert not missing, f"README.md's configuration table lacks {missing}"
+
+
+@pytest.mark.parametrize(
+    ("env", "flag"),
+    [({}, True), ({"ELMO_MODELS": "a=/m/a,b=/m/b"}, False), ({"ELMO_MODEL_DIR": "/m/a"}, False)],
+    ids=["default-model", "ELMO_MODELS", "ELMO_MODEL_DIR"],
+)
+def test_make_serve_leaves_the_models_to_elmo_variables_that_name_them(env, flag):
+    # `make serve` passed --model always, so ELMO_MODELS made elmo-serve exit 1 ("both ELMO_MODELS and ...").
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
+    run = subprocess.run(["make", "-n", "-C", str(ROOT), "serve"], capture_output=True, text=True,
+                         env={**clean, **env}, check=True)  # fmt: skip
+    (serve,) = [line for line in run.stdout.splitlines() if "elmo-serve" in line]
+    assert ("--model build/models/default" in serve) is flag, serve

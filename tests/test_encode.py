@@ -14,11 +14,14 @@ import pytest
 from service import encode
 from service.encode import (
     BYTES_PER_NUMBER,
+    PIECE_NUMBERS,
+    Abandoned,
     Base64,
     answer_bytes,
     encode_in_parts,
     json_response,
     npz_body,
+    respond,
     wants_npz,
 )
 
@@ -92,6 +95,10 @@ def test_npz_is_what_numpy_reads_and_the_estimate_bounds_it():
         ("application/x-npz;q=0.5, application/json", False),
         ("application/x-npz, application/json;q=0.5", True),
         ("application/x-npz;q=nonsense", False),
+        ("application/x-npz;q=inf, application/json", False),  # not a qvalue: not acceptable, not above all
+        ("application/x-npz;q=inf", False),
+        ("application/x-npz;q=1e3, application/json;q=0.9", False),
+        ("application/x-npz;q=1.000", True),
         ("application/x-npz;q=0.5, */*", False),  # */* gives JSON q=1
         ("application/x-npz;q=0.5, application/*;q=0.4", True),
         ("application/x-npz;q=0.5, application/json;q=0.4, */*", True),  # the most specific range counts
@@ -99,3 +106,37 @@ def test_npz_is_what_numpy_reads_and_the_estimate_bounds_it():
 )
 def test_npz_is_chosen_by_accept(accept, npz):
     assert wants_npz(accept) is npz
+
+
+@pytest.mark.parametrize(
+    ("size", "numbers", "off_loop"),
+    [(1000, 1000, False), (2 << 20, 1000, True), (1000, 184_320_000, True)],  # the last: 8 mixes, 30 x 1000 tokens
+    ids=["small", "large-answer", "small-answer-of-much-work"],
+)
+def test_off_the_event_loop_by_the_answer_s_size_or_its_work(size, numbers, off_loop):
+    import asyncio
+    import threading
+
+    ran = []
+
+    async def offload(work):
+        ran.append(threading.current_thread())
+        return await asyncio.to_thread(work, threading.Event())
+
+    def build(stop=None):
+        return {"data": [{"embedding": np.ones((2, 3), np.float32)}]}
+
+    response = asyncio.run(respond(build, size, numbers=numbers, offload=offload))
+    assert bool(ran) is off_loop
+    body = response.body if hasattr(response, "body") else None
+    if body is not None:
+        assert orjson.loads(body) == {"data": [{"embedding": [[1.0] * 3] * 2}]}
+
+
+def test_encoding_stops_once_the_client_has_gone():
+    import threading
+
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Abandoned):
+        encode_in_parts({"e": np.ones((4, PIECE_NUMBERS), np.float32)}, stop)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import http.client
 import json
 import re
@@ -167,9 +168,10 @@ def test_request_bodies_in_flight_are_bounded_together(tiny_model_dir, tmp_path)
         assert again.status_code == 200  # released with its request
 
 
-def stalled_upload(port: int, declared: int, sent: int) -> socket.socket:
-    """A POST /embed that declares `declared` bytes of body, sends `sent` of them, then nothing more."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+def stalled_upload(port: int, declared: int, sent: int, source: str = "127.0.0.1") -> socket.socket:
+    """A POST /embed from `source` (an address of the loopback range) that declares `declared` bytes of body,
+    sends `sent` of them, then nothing more."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
     head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
     sock.sendall(head.encode() + b"x" * sent)
     return sock
@@ -183,18 +185,30 @@ def read_response(sock: socket.socket) -> tuple[int, dict, bytes]:
     return response.status, dict(response.getheaders()), body
 
 
+BODY_TIMEOUT_S = 10  # the default: a stalled body is cut this long after its last part
+
+
+def held_in_time(client: httpx.Client, held: int, since: float) -> float:
+    """Seconds from `since` until the server's own account of the body bytes in flight (elmo_body_bytes_held)
+    reaches `held`; it must within the body timeout (the bodies are cut then)."""
+    while (now := counter(client, "elmo_body_bytes_held")) < held:
+        assert time.monotonic() < since + BODY_TIMEOUT_S, f"the server has read {now:.0f} of the {held} bytes sent"
+        time.sleep(0.05)
+    return time.monotonic() - since
+
+
 def test_stalled_uploads_holding_the_body_budget_are_cut_off(tiny_model_dir, tmp_path):
-    # The default limits: 64 MiB of bodies in flight, a body must keep arriving (a part every 10 s). Nine uploads
-    # of 7 MiB and one of 1 MiB, all stalled, hold the whole budget: every POST is refused (503) until they are cut.
+    # The default limits: 64 MiB of bodies in flight, 16 MiB of them from one address, a body must keep arriving
+    # (a part every 10 s). Nine uploads of 7 MiB and one of 1 MiB, all stalled, two from each of five addresses,
+    # hold the whole budget: every POST is refused (503) until they are cut.
     small = {"sentences": [["still", "served"]]}
+    uploads = [(f"127.0.0.{2 + k // 2}", 7 << 20) for k in range(9)] + [("127.0.0.6", (1 << 20) - 8)]
     with running_server(tiny_model_dir, tmp_path) as server, httpx.Client(base_url=server.url, timeout=30) as client:
-        stalled = [stalled_upload(server.port, 8 << 20, 7 << 20) for _ in range(9)]
-        stalled.append(stalled_upload(server.port, 8 << 20, (1 << 20) - 8))
+        stalled = [stalled_upload(server.port, 8 << 20, sent, source) for source, sent in uploads]
         stall = time.monotonic()
+        seconds = held_in_time(client, sum(sent for _, sent in uploads), stall)
+        print(f"the server held all the stalled bytes {seconds:.2f} s after the stall")
         refused = client.post("/embed", json=small)
-        while refused.status_code == 200 and time.monotonic() < stall + 5:  # until the server has read them all
-            time.sleep(0.1)
-            refused = client.post("/embed", json=small)
         assert refused.status_code == 503 and refused.json()["detail"].startswith("overloaded: request bodies")
         assert refused.headers["retry-after"] == "1"
         while (answer := client.post("/embed", json=small)).status_code != 200:
@@ -206,8 +220,29 @@ def test_stalled_uploads_holding_the_body_budget_are_cut_off(tiny_model_dir, tmp
             status, headers, body = read_response(sock)
             assert status == 408 and headers["connection"] == "close", body
             assert json.loads(body)["detail"].startswith("body: too slow")
+        assert counter(client, "elmo_body_bytes_held") == 0
         assert client.get("/health/ready").status_code == 200
         assert counter(client, "elmo_requests_total", route="other", status="408") == 10
+        assert "Traceback" not in server.log.read_text()
+
+
+def test_one_address_cannot_take_the_whole_body_budget(tiny_model_dir, tmp_path):
+    # Two stalled uploads of 7 MiB from one address hold 14 of its 16 MiB: its third is refused at once, while
+    # the budget (64 MiB) still serves everyone else.
+    small = {"sentences": [["still", "served"]]}
+    with running_server(tiny_model_dir, tmp_path) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        stalled = [stalled_upload(server.port, 8 << 20, 7 << 20, "127.0.0.2") for _ in range(2)]
+        held_in_time(client, 14 << 20, time.monotonic())
+        third = stalled_upload(server.port, 8 << 20, 7 << 20, "127.0.0.2")
+        status, headers, body = read_response(third)
+        assert status == 503 and headers["retry-after"] == "1", body
+        assert json.loads(body)["detail"].startswith("overloaded: request bodies in flight from your address hold")
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), base_url=server.url) as same:
+            assert same.post("/embed", json={"sentences": [["x" * 1000] * 1000] * 3}).status_code == 503  # 3 MB
+            assert same.post("/embed", json=small).status_code == 200  # what still fits its share
+        assert client.post("/embed", json=small).status_code == 200  # another address
+        for sock in stalled:
+            sock.close()
         assert "Traceback" not in server.log.read_text()
 
 
@@ -300,3 +335,81 @@ def test_a_large_answer_is_encoded_off_the_event_loop(tiny_model_dir, tmp_path, 
         print(f"{len(response.content) >> 20} MiB answer; {len(small)} small requests meanwhile, the slowest "
               f"{max(s for _, s in small):.2f} s")  # fmt: skip
         assert max(s for _, s in small) < 5  # a hang detector: bench/hostile.py measures the latency
+
+
+UNREAD = {"ELMO_WRITE_TIMEOUT_S": "2", "ELMO_MAX_ANSWER_BYTES": str(8 << 20),
+          "ELMO_MAX_ANSWERS_INFLIGHT_BYTES": str(16 << 20)}  # fmt: skip
+# 4500 tokens x 3 layers of 32: an answer estimated at 7.4 MB (17 bytes a number), about 5 MB of JSON
+LARGE = json.dumps({"sentences": [[f"w{k % 50}" for k in range(500)]] * 9, "output": "layers"}).encode()
+
+
+def unread_request(port: int, body: bytes = LARGE) -> socket.socket:
+    """A POST whose answer is never read: the client keeps its connection open and reads nothing."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the answer stays in the server
+    head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_answers_never_read_are_bounded_and_cut_by_the_write_timeout(tiny_model_dir, tmp_path):
+    # Clients that ask for large answers and never read them held them for as long as they stayed: 40 took a
+    # server from 341 to 1,947 MB. Now the answers being made or sent are bounded together (503 beyond), and a
+    # connection whose answer does not drain for ELMO_WRITE_TIMEOUT_S is closed, which frees its share.
+    with running_server(tiny_model_dir, tmp_path, UNREAD) as server, httpx.Client(base_url=server.url) as client:
+        unread = [unread_request(server.port) for _ in range(2)]  # 2 x 7.4 MB: most of the 16 MiB
+        deadline = time.monotonic() + 30
+        while counter(client, "elmo_answer_bytes_held") < 14_000_000:
+            assert time.monotonic() < deadline, "the two answers were never made"
+            time.sleep(0.05)
+        third = client.post("/embed", content=LARGE, headers={"content-type": "application/json"})
+        assert third.status_code == 503 and third.headers["retry-after"] == "1", third.text
+        assert third.json()["detail"].startswith("overloaded: answers being made or sent hold")
+        small = client.post("/embed", json={"sentences": [["small"]], "pooling": "mean"})
+        assert small.status_code == 200  # a small answer still fits beside them
+        cut = []
+        for sock in unread:  # closed by the server: the write timeout (2 s) after their answers stopped draining
+            sock.settimeout(15)
+            start = time.monotonic()
+            with contextlib.suppress(ConnectionResetError):
+                while sock.recv(4096):
+                    pass
+            cut.append(time.monotonic() - start)
+            sock.close()
+        assert max(cut) < 10, cut
+        deadline = time.monotonic() + 5
+        while counter(client, "elmo_answer_bytes_held") != 0:  # given back
+            assert time.monotonic() < deadline, "the answers of the closed connections are still held"
+            time.sleep(0.05)
+        again = client.post("/embed", content=LARGE, headers={"content-type": "application/json"})
+        assert again.status_code == 200 and len(again.json()["data"]) == 9
+        log = server.log.read_text()
+        assert "Traceback" not in log and "whose answer was not read for 2 s" in log
+
+
+def half_closed_post(port: int, body: dict) -> tuple[int, bytes]:
+    """A POST whose client closes its sending side once the request is sent, then reads what comes."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+    sock.sendall(head.encode() + data)
+    sock.shutdown(socket.SHUT_WR)
+    got = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            got += chunk
+    sock.close()
+    return (int(got.split()[1]) if got else 0), got
+
+
+def test_a_half_closed_client_is_answered_where_the_setting_asks(tiny_model_dir, tmp_path, engine):
+    body = {"sentences": [["half", "closed"]], "output": "layers"}
+    (tmp_path / "answer").mkdir()
+    with running_server(tiny_model_dir, tmp_path / "answer", {"ELMO_ANSWER_HALF_CLOSED": "true"}) as server:
+        status, got = half_closed_post(server.port, body)
+        assert status == 200, got[:300]
+        (item,) = json.loads(got.split(b"\r\n\r\n", 1)[1])["data"]
+        np.testing.assert_allclose(np.asarray(item["embedding"]), engine.run([["half", "closed"]])[0], atol=1e-6)
+    (tmp_path / "gone").mkdir()
+    with running_server(tiny_model_dir, tmp_path / "gone") as server:
+        assert half_closed_post(server.port, body) == (0, b"")  # the default: taken as gone, as nginx does

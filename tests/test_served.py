@@ -250,12 +250,12 @@ def test_info_keeps_the_default_on_top_and_describes_every_model(client, folders
     assert (info["model"], info["dim"], info["num_layers"]) == ("default", 256, 3)  # what older clients read
     assert info["limits"]["queue_tokens"] == 65536 and info["limits"]["batch_tokens"] == 4096
     assert info["limits"]["max_answer_bytes"] == ANSWER_BYTES
-    assert info["settings"]["models"] == [[name, str(folder)] for name, folder in folders.items()]
-    assert (info["settings"]["model_name"], info["settings"]["model_dir"]) == ("default", str(folders["default"]))
+    assert info["settings"]["models"] == [[name, folder.name] for name, folder in folders.items()]
+    assert (info["settings"]["model_name"], info["settings"]["model_dir"]) == ("default", folders["default"].name)
     assert list(info["models"]) == list(NAMES)
     for name, model in info["models"].items():
         assert (model["num_layers"], model["dim"]) == SHAPES[name]
-        assert model["manifest"]["output_dim"] == SHAPES[name][1] and model["model_dir"] == str(folders[name])
+        assert model["manifest"]["output_dim"] == SHAPES[name][1] and model["model_dir"] == folders[name].name
         assert (model["provider"], model["precision"], model["graph"]["kind"]) == (
             "CPUExecutionProvider",
             "fp32",

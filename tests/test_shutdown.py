@@ -122,3 +122,32 @@ def test_a_request_still_running_after_the_drain_bound_is_cut_with_503(tiny_mode
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_an_answer_still_being_sent_at_the_drain_bound_ends_without_a_traceback(tiny_model_dir, tmp_path):
+    # A slow reader (it reads nothing) of a 5 MB answer when the drain time ends: uvicorn cancelled its request
+    # and logged a CancelledError traceback; its connection is closed instead, with a line in the log.
+    port, log = free_port(), tmp_path / "server.log"
+    proc = launch(tiny_model_dir, log, {"ELMO_DRAIN_S": "1"}, port)
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}", log)
+        body = json.dumps({"sentences": [[f"w{k % 50}" for k in range(500)]] * 9, "output": "layers"}).encode()
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        head = (
+            f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        sock.settimeout(30)
+        assert sock.recv(12) == b"HTTP/1.1 200"  # its answer has started
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        sock.close()
+        text = log.read_text()
+        assert "Traceback" not in text and "CancelledError" not in text, text[-3000:]
+        assert "the drain time passed while an answer was being sent" in text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
