@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 
 DEFAULT_MODEL := build/models/default
 
-.PHONY: install lint format test serve train-default corpus-packages corpus gpu-carry image image-test clean
+.PHONY: install lint format test serve train-default train-cpu corpus-packages corpus gpu-carry image image-test clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
@@ -47,20 +47,24 @@ $(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weigh
 serve: $(SERVE_INSTALLED) $(DEFAULT_MODEL)/manifest.json
 	$(BIN)/elmo-serve $(if $(ELMO_MODELS)$(ELMO_MODEL_DIR),,--model $(DEFAULT_MODEL))
 
-# The embedded default model, trained from scratch on the CPU (README: "Training the default model"): the
-# 15 M-token corpus of 13 Debian packages (make corpus-packages, then build/corpus-all/), then elmo-train's
-# cpu-base config for a budget of 1,700 steps on one thread (about 70 minutes on an otherwise idle core of this
-# 2-core VM). Copy the result to models/default/ by hand after reading its model card; the committed card adds
-# by hand the sense and syntax probes' figures and how the run went.
-CORPUS_ALL := build/corpus-all
-train-default: $(CORPUS_ALL)/manifest.json
-	$(BIN)/elmo-train --corpus $(CORPUS_ALL)/train/*.txt --heldout $(CORPUS_ALL)/heldout/*.txt \
-		--out build/train-default --config cpu-base --steps 1700 --threads 1
-
-# The WordNet-only corpus (build/corpus/): the sense and syntax probes read its examples.jsonl.
+# The embedded default model, trained from scratch (README: "Training the default model"): WordNet's glosses
+# (Debian package wordnet-base) as text, then about 70 minutes of elmo-train on one core. Copy the result to
+# models/default/ by hand after reading its model card; the committed card adds by hand the data's licence, the
+# word-sense figures of bench/senses and how the run went.
 CORPUS := build/corpus
 $(CORPUS)/train.txt: model_export/corpus.py | install
 	$(BIN)/python -m model_export.corpus --out $(CORPUS)
+
+train-default: $(CORPUS)/train.txt
+	$(BIN)/elmo-train --corpus $(CORPUS)/train.txt --heldout $(CORPUS)/heldout.txt --out build/train-default \
+		--config small --threads 1
+
+# The CPU run on the larger corpus (README: "Training on this CPU"): cpu-base (small's shape, a 32,000-word
+# softmax) for a budget of 1,700 steps on one thread, about 75 minutes of one core. Needs make corpus-packages.
+CORPUS_ALL := build/corpus-all
+train-cpu: $(CORPUS_ALL)/manifest.json
+	$(BIN)/elmo-train --corpus $(CORPUS_ALL)/train/*.txt --heldout $(CORPUS_ALL)/heldout/*.txt \
+		--out build/train-cpu --config cpu-base --steps 1700 --threads 1
 
 # The larger corpus (README: "A larger corpus"): English text from 13 sources in Debian packages -> build/corpus-all/
 # (train/ and heldout/ per source, manifest.json), and the same as one .tar.xz to carry to a GPU machine.

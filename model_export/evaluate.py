@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     sets = {path.stem: read_sentences([path]) for path in args.heldout}
     sets["all"] = [s for path in args.heldout for s in sets[path.stem]]
     tokens = {name: sum(map(len, s)) for name, s in sets.items()}
-    covered = {name: sum(w in set(shared) for x in s for w in x) / max(1, tokens[name]) for name, s in sets.items()}
+    known = set(shared)
+    covered = {name: sum(w in known for x in s for w in x) / max(1, tokens[name]) for name, s in sets.items()}
     print(f"shared vocabulary: {len(shared):,} words (of {', '.join(f'{len(v):,}' for _, v in loaded)})")
     header = " | ".join(f"{folder} forward | backward" for folder in args.models)
     print(f"| held out | tokens | in the shared vocabulary | {header} |")
