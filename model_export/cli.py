@@ -74,12 +74,15 @@ def export_main(argv: list[str] | None = None) -> int:
         print(f"elmo-export: {err}", file=sys.stderr)
         return 1
     parity = manifest["parity"]
+    cost = {g["precision"]: g["accuracy"] for g in manifest["graphs"] if "accuracy" in g}
     print(
         f"wrote {args.out}/model.onnx: {manifest['num_layers']} layers of {manifest['output_dim']}, "
         f"{manifest['initial_state']} initial state, "
         f"max abs error vs PyTorch {parity['max_abs_error']:.2e} (tolerance {parity['tolerance']:g}); "
-        f"also model_window.onnx (CUDA, window {args.window}) and model_window_fp16.onnx (cosine to fp32 "
-        f"{manifest['graphs'][2]['accuracy']['min_cosine_vs_fp32']:.6f})"
+        f"also model_int8.onnx (CPU, int8: max abs error to fp32 {cost['int8']['max_abs_error_vs_fp32']:.3g}, "
+        f"min cosine {cost['int8']['min_cosine_vs_fp32']:.6f}), model_window.onnx (CUDA, window {args.window}), "
+        f"model_window_fp16.onnx (min cosine to fp32 {cost['fp16']['min_cosine_vs_fp32']:.6f}) and "
+        f"{len(manifest['canaries']['sentences'])} canary sentences"
     )
     return 0
 

@@ -1,7 +1,10 @@
 """elmo-export: a published `options.json` + `weights.hdf5` -> `model.onnx` + `manifest.json`.
 
 The export is only written when ONNX Runtime, fed exactly as the service's engine feeds it, equals the
-PyTorch biLM on a check batch (max abs error <= 1e-5); otherwise it fails loudly.
+PyTorch biLM on a check batch (max abs error <= 1e-5); otherwise it fails loudly. The reduced-precision graphs'
+distance from fp32 is measured on the same batch and recorded, and the check sentences stay in the folder as
+canaries with the fp32 Loop graph's layers for them, which every engine compares itself with at start-up
+(service/canary.py).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import torch
 from model_export.bilm import BiLM
 from model_export.initial_state import mean_final_state
 from model_export.manylangs import copy_mapping, load_manylangs
-from model_export.onnx_graph import GRAPH_VERSION, OPSET, build_onnx_model, build_window_model
+from model_export.onnx_graph import GRAPH_VERSION, OPSET, Int8, build_onnx_model, build_window_model
 from model_export.weights import load_bilm
+from service.canary import CANARIES_FILE, accuracy, cosine_min, max_abs_error, save_canaries  # noqa: F401 (re-exported)
 from service.engine import MANIFEST, Engine, sentence_keys
 from service.mapping import BILM_TF, BilmTfMapping, load_mapping
 
@@ -31,6 +35,9 @@ MODEL_FILE = "model.onnx"  # the Loop graph: the CPU's (measured faster there th
 # The window graph for CUDA: positions unrolled per call (the engine feeds longer sentences window after window).
 WINDOW = 32
 EXTERNAL_DATA_BYTES = 1 << 30  # protobuf stops at 2 GiB: larger weights go to model.onnx.data
+# The int8 graph's scheme (README, "int8 on the CPU": the measured choices): weights per column, activations per
+# row in 7 bits (exact integer products on every x86 CPU, no int16 saturation without VNNI).
+INT8 = Int8(activations="row7", weights="s8", token_encoder=True)
 
 # Lengths 1 to 60, repeated and unseen words, non-ASCII, an empty and an over-long token.
 CHECK_SENTENCES = [
@@ -68,22 +75,11 @@ def torch_layers(model: BiLM, sentences: list[list[str]], mapping=None) -> list[
     return [layers[:, row, 1 : len(s) + 1] for row, s in enumerate(sentences)]
 
 
-def max_abs_error(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.abs(x - y).max(initial=0.0)) for x, y in zip(a, b, strict=True))
-
-
 def save_onnx(model_proto: onnx.ModelProto, path: Path) -> None:
     if model_proto.ByteSize() < EXTERNAL_DATA_BYTES:
         onnx.save_model(model_proto, path)
     else:
         onnx.save_model(model_proto, path, save_as_external_data=True, location=path.name + ".data")
-
-
-def cosine_min(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    """The smallest cosine between corresponding vectors (every layer, every token) of two results."""
-    x, y = (np.concatenate([layers.reshape(-1, layers.shape[-1]) for layers in r]).astype(np.float64) for r in (a, b))
-    norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
-    return float(np.min((x * y).sum(axis=1) / np.maximum(norms, 1e-30)))
 
 
 def export_model(
@@ -93,19 +89,24 @@ def export_model(
     window: int = WINDOW,
     write_mapping: Callable[[Path], dict] | None = None,
     language: str = "en",
+    int8: Int8 = INT8,
 ) -> dict:
     """Write `model` to out_dir after the parity check, returns the manifest: model.onnx (the Loop graph, the
-    CPU's), model_window.onnx (the window graph, `window` positions unrolled, for CUDA) and model_window_fp16.onnx
-    (the same in reduced precision, opt-in). The two fp32 graphs must equal PyTorch within TOLERANCE on the CPU;
-    the fp16 graph's distance from fp32 is measured and recorded. `write_mapping(folder)` writes the files of a
-    token mapping other than the published one there, and returns the manifest's `token_mapping`; `language`:
-    whose Moses rules the service tokenizes text with."""
+    CPU's), model_int8.onnx (the same with its products in int8 as `int8` says, for the CPU, opt-in),
+    model_window.onnx (the window graph, `window` positions unrolled, for CUDA) and model_window_fp16.onnx (the
+    same in reduced precision, opt-in), and canaries.npz (the check sentences' layers from model.onnx). The two
+    fp32 graphs must equal PyTorch within TOLERANCE on the CPU; the reduced-precision graphs' distance from fp32
+    is measured and recorded. `write_mapping(folder)` writes the files of a token mapping other than the
+    published one there, and returns the manifest's `token_mapping`; `language`: whose Moses rules the service
+    tokenizes text with."""
     out_dir = Path(out_dir)
     opt = model.options
     cells = [*model.forward_lstm.layers, *model.backward_lstm.layers]
     initial_state = "warm" if any(bool(c.h0.any() or c.c0.any()) for c in cells) else "zero"
     graphs = [
         {"file": MODEL_FILE, "kind": "loop", "precision": "fp32", "window": None, "for": "CPU"},
+        {"file": "model_int8.onnx", "kind": "loop", "precision": "int8", "window": None,
+         "for": "CPU with precision int8 (opt-in)", "quantization": int8.to_dict()},
         {"file": "model_window.onnx", "kind": "window", "precision": "fp32", "window": window, "for": "CUDA"},
         {"file": "model_window_fp16.onnx", "kind": "window", "precision": "fp16", "window": window,
          "for": "CUDA with precision fp16 (opt-in)"},
@@ -114,7 +115,7 @@ def export_model(
         tmp = Path(tmp)
         for graph in graphs:
             if graph["kind"] == "loop":
-                model_proto = build_onnx_model(model)
+                model_proto = build_onnx_model(model, graph["precision"], int8)
             else:
                 model_proto = build_window_model(model, window, graph["precision"])
             onnx.checker.check_model(model_proto, full_check=model_proto.ByteSize() < EXTERNAL_DATA_BYTES)
@@ -139,7 +140,7 @@ def export_model(
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         want = torch_layers(model, CHECK_SENTENCES, load_mapping(tmp, manifest))
         fp32 = None
-        for graph in graphs:
+        for graph in graphs:  # the fp32 Loop graph first: the others are measured against it
             engine = Engine(tmp, provider="cpu", graph=graph["kind"], precision=graph["precision"])
             got = engine.run(CHECK_SENTENCES)
             del engine
@@ -152,21 +153,22 @@ def export_model(
                     )
                 graph["parity"] = {"max_abs_error": error, "tolerance": TOLERANCE}
                 fp32 = fp32 or got
-            else:  # measured on the CPU's fp16 products at export; bench/gpu.py measures it on the GPU
-                graph["accuracy"] = {
-                    "max_abs_error_vs_fp32": max_abs_error(got, fp32),
-                    "min_cosine_vs_fp32": cosine_min(got, fp32),
-                }
+            else:  # on the CPU's products at export (fp16's: bench/gpu.py measures it on the GPU)
+                graph["accuracy"] = accuracy(got, fp32)
         manifest["parity"] = {
             "max_abs_error": max(g["parity"]["max_abs_error"] for g in graphs if "parity" in g),
             "tolerance": TOLERANCE,
             "check_sentences": len(CHECK_SENTENCES),
             "check_tokens": sum(len(s) for s in CHECK_SENTENCES),
         }
+        # The check sentences are the canaries: a reduced-precision graph's stated accuracy is measured on them.
+        save_canaries(tmp / CANARIES_FILE, CHECK_SENTENCES, fp32)
+        manifest["canaries"] = {"file": CANARIES_FILE, "graph": MODEL_FILE, "sentences": CHECK_SENTENCES}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         out_dir.mkdir(parents=True, exist_ok=True)
-        for stale in [*out_dir.glob("model*.onnx*"), *out_dir.glob("*.dic")]:  # also an earlier export's mapping
-            stale.unlink()
+        stale = [*out_dir.glob("model*.onnx*"), *out_dir.glob("*.dic"), *out_dir.glob(CANARIES_FILE)]
+        for path in stale:  # also an earlier export's mapping
+            path.unlink()
         for item in tmp.iterdir():
             shutil.move(str(item), out_dir / item.name)
     return manifest

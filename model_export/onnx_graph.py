@@ -35,6 +35,9 @@ Outputs: layers_fwd, layers_bwd float32 (L+1, B, T, P): each layer's output at t
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 import torch
@@ -48,13 +51,25 @@ IR_VERSION = 8  # the IR of opset 17; onnx writes its newest by default, which o
 
 
 class _Graph:
-    """Collects nodes and initializers; every value gets a fresh name."""
+    """Collects nodes and initializers; every value gets a fresh name, and every node a name that says where in
+    the model it is (`scope`/its output, e.g. `lstm1/step/step_matmul_17`): ONNX Runtime names nodes by it in its
+    logs and placement reports, which otherwise read `Squeeze ()`."""
 
-    def __init__(self, prefix: str = ""):
+    def __init__(self, prefix: str = "", scope: str = ""):
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
+        self.scope = scope
         self._prefix = prefix
         self._count = 0
+
+    @contextlib.contextmanager
+    def scoped(self, scope: str):
+        """Nodes made inside are named under `scope`."""
+        outer, self.scope = self.scope, scope
+        try:
+            yield
+        finally:
+            self.scope = outer
 
     def _name(self, hint: str) -> str:
         self._count += 1
@@ -67,7 +82,8 @@ class _Graph:
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, out: list[str] | None = None, **attrs):
         names = out or [self._name(op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
+        name = f"{self.scope}/{names[0]}" if self.scope else names[0]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=name, **attrs))
         return names[0] if len(names) == 1 else names
 
 
@@ -75,21 +91,74 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy().astype(np.float32)
 
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "int8")
+MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops: MatMulIntegerToFloat, DynamicQuantizeMatMul
+
+
+@dataclass(frozen=True)
+class Int8:
+    """How the int8 graph computes a product x @ W in integers: W per output column (`weights`: "s8" symmetric,
+    "u8" asymmetric with a zero point per column), x per row (`activations`: "row7" in 7 bits centred on 64,
+    "row8" in 8 bits centred on 128) or per tensor ("tensor": ONNX Runtime's DynamicQuantizeMatMul, one scale for
+    the whole batch). Per row, a sentence's numbers never depend on what it is batched with. 7 bits: a u8 x s8
+    product pair then fits int16, which AVX2's VPMADDUBSW saturates at (full 8-bit activations times s8 weights
+    overflow it on CPUs without VNNI). `token_encoder`: the highways' and the projection's products in int8 too
+    (the convolutions stay fp32). README, "int8", measured the choices."""
+
+    activations: str = "row7"
+    weights: str = "s8"
+    token_encoder: bool = True
+
+    def __post_init__(self):
+        if self.activations not in ("row7", "row8", "tensor") or self.weights not in ("s8", "u8"):
+            raise ValueError(f"no such int8 scheme: {self}")
+
+    def to_dict(self) -> dict:
+        return {"activations": self.activations, "weights": self.weights, "token_encoder": self.token_encoder}
+
+
+def quantize_columns(w: np.ndarray, weights: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """w (K, N) -> its int8 (or uint8) values, and each column's scale and zero point (N,): w ~ (q - zp) * scale."""
+    w = w.astype(np.float64)
+    if weights == "s8":
+        scale = np.abs(w).max(axis=0) / 127
+        scale[scale == 0] = 1.0
+        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        return q, scale.astype(np.float32), np.zeros(w.shape[1], np.int8)
+    low, high = np.minimum(w.min(axis=0), 0), np.maximum(w.max(axis=0), 0)
+    scale = (high - low) / 255
+    scale[scale == 0] = 1.0
+    zero = np.clip(np.rint(-low / scale), 0, 255)
+    q = np.clip(np.rint(w / scale) + zero, 0, 255).astype(np.uint8)
+    return q, scale.astype(np.float32), zero.astype(np.uint8)
 
 
 class _Precision:
-    """Where the reduced-precision graph computes in fp16: the products (MatMul, Gemm, Conv) take fp16 operands
-    and weights; everything that decides accuracy stays fp32 (the gate nonlinearities, the cell state, clipping,
-    the masks and the state kept between windows). fp32: no casts at all."""
+    """How the graph computes its products. fp32: as written, no casts at all. fp16 (the window graph's reduced
+    precision): the products (MatMul, Gemm, Conv) take fp16 operands and weights; everything that decides accuracy
+    stays fp32 (the gate nonlinearities, the cell state, clipping, the masks and the state kept between windows).
+    int8 (the CPU's Loop graph): the matrix products in integers as `Int8` says, everything else fp32."""
 
-    def __init__(self, g: _Graph, precision: str):
+    def __init__(self, g: _Graph, precision: str, int8: Int8 | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-        self.g, self.half = g, precision == "fp16"
+        self.g, self.precision, self.half = g, precision, precision == "fp16"
+        self.int8 = (int8 or Int8()) if precision == "int8" else None
 
     def weight(self, value: np.ndarray, hint: str) -> str:
+        """A weight read as it is (fp16 in the fp16 graph, else fp32)."""
         return self.g.const(value, hint, np.float16 if self.half else np.float32)
+
+    def matrix(self, value: np.ndarray, hint: str) -> str | tuple[str, str, str]:
+        """The right-hand matrix (K, N) of products: a `weight`, or in int8 its values, scales and zero points."""
+        if not self.int8:
+            return self.weight(value, hint)
+        q, scale, zero = quantize_columns(value, self.int8.weights)
+        return (
+            self.g.const(q, hint, q.dtype),
+            self.g.const(scale, f"{hint}_scale"),
+            self.g.const(zero, f"{hint}_zero", zero.dtype),
+        )
 
     def down(self, x: str) -> str:
         return self.g.op("Cast", x, to=TensorProto.FLOAT16) if self.half else x
@@ -97,9 +166,29 @@ class _Precision:
     def up(self, x: str) -> str:
         return self.g.op("Cast", x, to=TensorProto.FLOAT) if self.half else x
 
-    def matmul(self, x: str, w: str) -> str:
-        """x (fp32) @ w (a `weight`) -> fp32."""
-        return self.up(self.g.op("MatMul", self.down(x), w))
+    def matmul(self, x: str, w, bias: str | None = None) -> str:
+        """x (fp32) @ w (a `matrix`) (+ bias, fp32, in int8 only) -> fp32."""
+        if not self.int8:
+            return self.up(self.g.op("MatMul", self.down(x), w))
+        g, (values, scale, zero) = self.g, w
+        if self.int8.activations == "tensor":
+            return g.op("DynamicQuantizeMatMul", x, values, scale, zero, *([bias] if bias else []), domain=MS_DOMAIN)
+        top, centre = (63, 64) if self.int8.activations == "row7" else (127, 128)
+        # each row's own scale, so that a row's numbers do not depend on the other rows
+        peak = g.op("Max", g.op("ReduceMax", g.op("Abs", x), axes=[1], keepdims=1), g.const(1e-30, "tiny"))
+        row_scale = g.op("Div", peak, g.const(float(top), "top"))  # (M, 1)
+        centre = g.const(centre, "centre", np.uint8)
+        one = g.const(1.0, "one")
+        quantized = g.op("QuantizeLinear", g.op("Div", x, row_scale), one, centre)  # round half to even, saturate
+        product = g.op("MatMulIntegerToFloat", quantized, values, one, scale, centre, zero, domain=MS_DOMAIN)
+        y = g.op("Mul", product, row_scale)
+        return g.op("Add", y, bias) if bias else y
+
+    def linear(self, x: str, w: np.ndarray, b: np.ndarray, hint: str, quantize: bool = True) -> str:
+        """x @ w.T + b for w (out, in), as torch.nn.Linear: one Gemm, or in int8 (where `quantize`) a `matmul`."""
+        if self.int8 and quantize:
+            return self.matmul(x, self.matrix(np.ascontiguousarray(w.T), f"w_{hint}"), self.g.const(b, f"b_{hint}"))
+        return self.g.op("Gemm", x, self.weight(w, f"w_{hint}"), self.weight(b, f"b_{hint}"), transB=1)
 
 
 def token_width(opt) -> int:
@@ -109,37 +198,37 @@ def token_width(opt) -> int:
 
 def _token_encoder(p: _Precision, model: BiLM, token_chars: str) -> str:
     """(U, token_width) ids -> (U, P) token vectors, fp32; the same math as CharCNN.forward (its products in
-    fp16 where the precision asks for them)."""
+    fp16 or int8 where the precision asks for them; the convolutions never in int8)."""
     g, enc, opt = p.g, model.token_encoder, model.options
     activation = "Relu" if opt.activation == "relu" else "Tanh"
+    quantize = p.int8 is not None and p.int8.token_encoder
     words = None
-    if enc.word_embed is not None:  # the last column holds word ids (ELMoForManyLangs)
-        i64 = np.int64
-        columns = g.const([opt.max_chars], "split", i64), g.const([opt.max_chars + 1], "end", i64)
-        axis1 = g.const([1], "axis1", i64)
-        words = g.op("Squeeze", g.op("Slice", token_chars, columns[0], columns[1], axis1), axis1)  # (U,)
-        token_chars = g.op("Slice", token_chars, g.const([0], "zero", i64), columns[0], axis1)  # (U, max_chars)
-    table = p.weight(_np(enc.char_embed.weight), "char_embed")
-    x = g.op("Transpose", g.op("Gather", table, token_chars), perm=[0, 2, 1])  # (U, char_dim, max_chars)
-    pooled = []
-    for conv in enc.convs:
-        y = g.op("Conv", x, p.weight(_np(conv.weight), "w_cnn"), p.weight(_np(conv.bias), "b_cnn"))
-        pooled.append(g.op(activation, g.op("ReduceMax", y, axes=[2], keepdims=0)))
-    x = g.op("Concat", *pooled, axis=1)  # (U, n_filters)
-    one = p.weight(np.array(1.0), "one")
-    for highway in enc.highways:
-        w_transform, w_carry = _np(highway.weight).reshape(2, -1, highway.in_features)
-        b_transform, b_carry = _np(highway.bias).reshape(2, -1)
-        transform = g.op(
-            "Relu", g.op("Gemm", x, p.weight(w_transform, "w_tr"), p.weight(b_transform, "b_tr"), transB=1)
-        )
-        carry = g.op("Sigmoid", g.op("Gemm", x, p.weight(w_carry, "w_ca"), p.weight(b_carry, "b_ca"), transB=1))
-        x = g.op("Add", g.op("Mul", carry, transform), g.op("Mul", g.op("Sub", one, carry), x))
-    if words is not None:  # (U, word_dim + n_filters)
-        x = g.op("Concat", g.op("Gather", p.weight(_np(enc.word_embed.weight), "word_embed"), words), x, axis=1)
-    return p.up(
-        g.op("Gemm", x, p.weight(_np(enc.proj.weight), "w_proj"), p.weight(_np(enc.proj.bias), "b_proj"), transB=1)
-    )
+    with g.scoped("char_cnn"):
+        if enc.word_embed is not None:  # the last column holds word ids (ELMoForManyLangs)
+            i64 = np.int64
+            columns = g.const([opt.max_chars], "split", i64), g.const([opt.max_chars + 1], "end", i64)
+            axis1 = g.const([1], "axis1", i64)
+            words = g.op("Squeeze", g.op("Slice", token_chars, columns[0], columns[1], axis1), axis1)  # (U,)
+            token_chars = g.op("Slice", token_chars, g.const([0], "zero", i64), columns[0], axis1)  # (U, max_chars)
+        table = p.weight(_np(enc.char_embed.weight), "char_embed")
+        x = g.op("Transpose", g.op("Gather", table, token_chars), perm=[0, 2, 1])  # (U, char_dim, max_chars)
+        pooled = []
+        for conv in enc.convs:
+            y = g.op("Conv", x, p.weight(_np(conv.weight), "w_cnn"), p.weight(_np(conv.bias), "b_cnn"))
+            pooled.append(g.op(activation, g.op("ReduceMax", y, axes=[2], keepdims=0)))
+        x = g.op("Concat", *pooled, axis=1)  # (U, n_filters)
+    for k, highway in enumerate(enc.highways):
+        with g.scoped(f"highway{k}"):
+            w_transform, w_carry = _np(highway.weight).reshape(2, -1, highway.in_features)
+            b_transform, b_carry = _np(highway.bias).reshape(2, -1)
+            transform = g.op("Relu", p.linear(x, w_transform, b_transform, "tr", quantize))
+            carry = g.op("Sigmoid", p.linear(x, w_carry, b_carry, "ca", quantize))
+            one = p.weight(np.array(1.0), "one")
+            x = g.op("Add", g.op("Mul", carry, transform), g.op("Mul", g.op("Sub", one, carry), x))
+    with g.scoped("projection"):
+        if words is not None:  # (U, word_dim + n_filters)
+            x = g.op("Concat", g.op("Gather", p.weight(_np(enc.word_embed.weight), "word_embed"), words), x, axis=1)
+        return p.up(p.linear(x, _np(enc.proj.weight), _np(enc.proj.bias), "proj", quantize))
 
 
 def _int64_zero() -> onnx.TensorProto:
@@ -149,12 +238,13 @@ def _int64_zero() -> onnx.TensorProto:
 DIRECTIONS = ("fwd", "bwd")
 
 
-def _loop_body(opt, cells: list, gates_x: list[str], active: str, offsets: str) -> onnx.GraphProto:
+def _loop_body(opt, cells: list, gates_x: list[str], active: str, offsets: str, precision: str, int8, scope: str):
     """Step t of one layer, both directions, over the sentences still running (rows are sorted longest
     first, so they are the first active[t] rows). Per direction: (h, c) (B, P), (B, C) -> next (h, c),
     and h as scan output. The weights live in the body as 2-D constants so ONNX Runtime pre-packs them
     once (see the module docstring)."""
-    b = _Graph("step_")
+    b = _Graph("step_", scope)
+    p = _Precision(b, precision, int8)
     i64 = np.int64
     axis0, zero, end = b.const([0], "axis", i64), b.const([0], "zero", i64), b.const([2**62], "end", i64)
     n = b.op("Unsqueeze", b.op("Gather", active, "t"), axis0)  # [n_t]
@@ -171,8 +261,8 @@ def _loop_body(opt, cells: list, gates_x: list[str], active: str, offsets: str) 
         gates_t = b.op("Slice", gates, start, b.op("Add", start, n), axis0)  # (n_t, 4C): packed rows of step t
         h_run, h_done = b.op("Slice", h_in, zero, n, axis0), b.op("Slice", h_in, n, end, axis0)
         c_run, c_done = b.op("Slice", c_in, zero, n, axis0), b.op("Slice", c_in, n, end, axis0)
-        weights = b.const(_np(cell.w_hidden), "w_hidden"), b.const(_np(cell.w_proj), "w_proj")
-        h, c = _cell_step(_Precision(b, "fp32"), opt, weights, gates_t, h_run, c_run)
+        weights = p.matrix(_np(cell.w_hidden), "w_hidden"), p.matrix(_np(cell.w_proj), "w_proj")
+        h, c = _cell_step(p, opt, weights, gates_t, h_run, c_run)
         b.op("Concat", h, h_done, axis=0, out=[f"h_{d}_next"])  # finished rows keep their state: never read
         b.op("Concat", c, c_done, axis=0, out=[f"c_{d}_next"])
         b.op("Identity", f"h_{d}_next", out=[f"h_{d}_scan"])
@@ -183,9 +273,14 @@ def _loop_body(opt, cells: list, gates_x: list[str], active: str, offsets: str) 
     return helper.make_graph(b.nodes, "step", inputs, outputs + scans, initializer=b.initializers)
 
 
-def build_onnx_model(model: BiLM) -> onnx.ModelProto:
+def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = None) -> onnx.ModelProto:
+    """The Loop graph (the module docstring): fp32, exact; or int8, its products in integers as `int8` says
+    (default: `Int8()`), for the CPU."""
+    if precision not in ("fp32", "int8"):
+        raise ValueError(f"the Loop graph is written in fp32 or int8, not {precision!r}")
     opt = model.options
     g = _Graph()
+    p = _Precision(g, precision, int8)
     i64 = np.int64
     f32 = TensorProto.FLOAT
     axis0, axis1 = g.const([0], "axis0", i64), g.const([1], "axis1", i64)
@@ -197,7 +292,7 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     lengths, order = g.op("TopK", "lengths", batch, axis=0, largest=1, sorted=1, outputs=2)
     rows = g.op("Range", g.const(0, "zero", i64), g.op("Squeeze", batch, axis0), g.const(1, "one_i", i64))
     unsort = g.op("ScatterElements", g.op("ConstantOfShape", batch, value=_int64_zero()), order, rows, axis=0)
-    encoded = _token_encoder(_Precision(g, "fp32"), model, "token_chars")  # (U, P)
+    encoded = _token_encoder(p, model, "token_chars")  # (U, P)
     g.op("Identity", encoded, out=["token_vectors"])
     table = g.op("Concat", encoded, "cached_vectors", axis=0)
     # Each direction reads its own positions (the backward one the sentence reversed), time-major (T, B, P).
@@ -230,27 +325,32 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
     graph_outputs = []
     outputs = {d: [x] for d, x in zip(DIRECTIONS, inputs, strict=True)}  # layer 0: the token vectors
     for k, cells in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
-        gates_x, states = [], []
-        for d, cell, x_d in zip(DIRECTIONS, cells, inputs, strict=True):
-            bias = _np(cell.bias)[None, :]
-            bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
-            # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards
-            # would be another pass over the largest tensor of the model.
-            w_input = g.const(np.concatenate([_np(cell.w_input), bias]), f"w_input{k}")  # (P+1, 4C)
-            packed = g.op("Gather", g.op("Reshape", x_d, flat_shape), packed_index)  # (N, P): real positions only
-            gates_x.append(g.op("MatMul", g.op("Concat", packed, ones, axis=1), w_input))  # (N, 4C)
-            for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
-                name = f"{kind}_{d}{k}"
-                graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
-                graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
-                given = g.op("Gather", name, order, axis=0)
-                states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
-        body = _loop_body(opt, cells, gates_x, active, offsets)
-        *final, fwd, bwd = g.op("Loop", steps, true, *states, outputs=6, body=body)  # scans (T, B, P)
-        for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
-            g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last step
-        if opt.skip_connections and k > 0:
-            fwd, bwd = g.op("Add", fwd, inputs[0]), g.op("Add", bwd, inputs[1])
+        with g.scoped(f"lstm{k}"):
+            gates_x, states = [], []
+            for d, cell, x_d in zip(DIRECTIONS, cells, inputs, strict=True):
+                bias = _np(cell.bias)[None, :]
+                bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+                packed = g.op("Gather", g.op("Reshape", x_d, flat_shape), packed_index)  # (N, P): real positions
+                if p.int8:  # the bias goes in the integer product's own bias input
+                    w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
+                    gates_x.append(p.matmul(packed, w_input, g.const(bias[0], f"b_input{k}")))  # (N, 4C)
+                else:
+                    # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards
+                    # would be another pass over the largest tensor of the model.
+                    w_input = g.const(np.concatenate([_np(cell.w_input), bias]), f"w_input{k}")  # (P+1, 4C)
+                    gates_x.append(g.op("MatMul", g.op("Concat", packed, ones, axis=1), w_input))  # (N, 4C)
+                for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
+                    name = f"{kind}_{d}{k}"
+                    graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
+                    graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
+                    given = g.op("Gather", name, order, axis=0)
+                    states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
+            body = _loop_body(opt, cells, gates_x, active, offsets, precision, int8, f"lstm{k}/step")
+            *final, fwd, bwd = g.op("Loop", steps, true, *states, outputs=6, body=body)  # scans (T, B, P)
+            for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
+                g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last
+            if opt.skip_connections and k > 0:
+                fwd, bwd = g.op("Add", fwd, inputs[0]), g.op("Add", bwd, inputs[1])
         inputs = [fwd, bwd]
         outputs["fwd"].append(fwd)
         outputs["bwd"].append(bwd)
@@ -262,7 +362,8 @@ def build_onnx_model(model: BiLM) -> onnx.ModelProto:
         graph_outputs.append(helper.make_tensor_value_info(f"layers_{d}", f32, shape))
     graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
     graph = helper.make_graph(g.nodes, "elmo_bilm", graph_inputs, graph_outputs, initializer=g.initializers)
-    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="elmo-export")
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS_DOMAIN, 1)] if p.int8 else [])
+    model_proto = helper.make_model(graph, opset_imports=opsets, producer_name="elmo-export")
     model_proto.ir_version = IR_VERSION
     return model_proto
 
@@ -305,6 +406,8 @@ def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onn
 
     Padding is masked, not sliced: a step past a row's `steps` computes and keeps the state it had, so padding
     never reaches a real position, and a row's numbers do not depend on the other rows."""
+    if precision not in ("fp32", "fp16"):
+        raise ValueError(f"the window graph is written in fp32 or fp16, not {precision!r}")
     opt, g = model.options, _Graph()
     p = _Precision(g, precision)
     i64, f32 = np.int64, TensorProto.FLOAT
@@ -334,34 +437,35 @@ def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onn
     flat = g.const([-1, opt.proj_dim], "flat", i64)
     for k, cells in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
         for d, cell in zip(DIRECTIONS, cells, strict=True):
-            x = outputs[d][-1]  # (B, W, P)
-            bias = _np(cell.bias)
-            bias[2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
-            # every position's input products in one GEMM, bias included
-            gates_x = g.op("Gemm", p.down(g.op("Reshape", x, flat)), p.weight(_np(cell.w_input), f"w_input{k}"),
-                           p.weight(bias, f"bias{k}"))  # fmt: skip
-            gates_x = g.op("Reshape", p.up(gates_x), g.const([-1, window, 4 * opt.cell_dim], "bw4c", i64))
-            gates_t = g.op("Split", gates_x, outputs=window, axis=1) if window > 1 else [gates_x]
-            state = []
-            for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
-                name = f"{kind}_{d}{k}"
-                graph_inputs.append(helper.make_tensor_value_info(name, f32, ["slots", size]))
-                graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["slots", size]))
-                given = g.op("Gather", name, "slots", axis=0)
-                state.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
-            h, c = state
-            weights = p.weight(_np(cell.w_hidden), f"w_hidden{k}"), p.weight(_np(cell.w_proj), f"w_proj{k}")
-            steps_out = []
-            for t in range(window):
-                gt = g.op("Squeeze", gates_t[t], t_axis)  # (B, 4C)
-                h_new, c_new = _cell_step(p, opt, weights, gt, h, c)
-                h, c = g.op("Where", masks[t], h_new, h), g.op("Where", masks[t], c_new, c)
-                steps_out.append(g.op("Unsqueeze", h_new, t_axis))
-            for kind, final in (("h", h), ("c", c)):
-                g.op("ScatterND", f"{kind}_{d}{k}", scatter_index, final, out=[f"{kind}_{d}{k}_next"])
-            layer = g.op("Concat", *steps_out, axis=1) if window > 1 else steps_out[0]  # (B, W, P)
-            if opt.skip_connections and k > 0:
-                layer = g.op("Add", layer, x)
+            with g.scoped(f"lstm{k}_{d}"):
+                x = outputs[d][-1]  # (B, W, P)
+                bias = _np(cell.bias)
+                bias[2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+                # every position's input products in one GEMM, bias included
+                gates_x = g.op("Gemm", p.down(g.op("Reshape", x, flat)), p.weight(_np(cell.w_input), f"w_input{k}"),
+                               p.weight(bias, f"bias{k}"))  # fmt: skip
+                gates_x = g.op("Reshape", p.up(gates_x), g.const([-1, window, 4 * opt.cell_dim], "bw4c", i64))
+                gates_t = g.op("Split", gates_x, outputs=window, axis=1) if window > 1 else [gates_x]
+                state = []
+                for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
+                    name = f"{kind}_{d}{k}"
+                    graph_inputs.append(helper.make_tensor_value_info(name, f32, ["slots", size]))
+                    graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["slots", size]))
+                    given = g.op("Gather", name, "slots", axis=0)
+                    state.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
+                h, c = state
+                weights = p.weight(_np(cell.w_hidden), f"w_hidden{k}"), p.weight(_np(cell.w_proj), f"w_proj{k}")
+                steps_out = []
+                for t in range(window):
+                    gt = g.op("Squeeze", gates_t[t], t_axis)  # (B, 4C)
+                    h_new, c_new = _cell_step(p, opt, weights, gt, h, c)
+                    h, c = g.op("Where", masks[t], h_new, h), g.op("Where", masks[t], c_new, c)
+                    steps_out.append(g.op("Unsqueeze", h_new, t_axis))
+                for kind, final in (("h", h), ("c", c)):
+                    g.op("ScatterND", f"{kind}_{d}{k}", scatter_index, final, out=[f"{kind}_{d}{k}_next"])
+                layer = g.op("Concat", *steps_out, axis=1) if window > 1 else steps_out[0]  # (B, W, P)
+                if opt.skip_connections and k > 0:
+                    layer = g.op("Add", layer, x)
             outputs[d].append(layer)
 
     graph_inputs.append(helper.make_tensor_value_info("positions", TensorProto.INT64, ["positions"]))

@@ -547,6 +547,7 @@ def _described(model: ServedModel) -> dict:
         # the graph served, and what its precision costs (measured at export; bench/gpu.py on a GPU)
         "precision": engine.graph.precision,
         "graph": engine.graph.entry,
+        "canary": model.canary.to_dict(),  # the start-up check against the reference (service/canary.py)
         "manifest": engine.info.manifest,
     }
 

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 
+from service import canary
 from service.bulk import ALL_LINES, InputError, Shard, embed_file
 from service.engine import Engine
 from service.settings import default_batch_tokens
@@ -37,7 +38,17 @@ def embed_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
     parser.add_argument(
-        "--precision", default="fp32", choices=["fp32", "fp16"], help="fp32: exact (default); fp16: reduced, opt-in"
+        "--precision",
+        default="fp32",
+        choices=["fp32", "int8", "fp16"],
+        help="fp32: exact (default); int8: the CPU's int8 graph; fp16: the reduced-precision window graph (CUDA)",
+    )
+    parser.add_argument(
+        "--canary",
+        default="refuse",
+        choices=["refuse", "warn"],
+        help="when the export's canary sentences disagree with the reference beyond the graph's allowance: stop "
+        "(default), or warn and embed",
     )
     parser.add_argument("--device-id", type=int, default=0, help="the GPU to run on (CUDA device order)")
     parser.add_argument("--cuda-graphs", action="store_true", help="capture each batch shape as a CUDA graph")
@@ -62,6 +73,10 @@ def embed_main(argv: list[str] | None = None) -> int:
             device_id=args.device_id,
             cuda_graphs=args.cuda_graphs,
         )
+        report = canary.check(engine, canary.MARGIN)
+        print(f"elmo-embed: {report.describe()}", file=sys.stderr)
+        if report.checked and not report.passed and args.canary == "refuse":
+            raise canary.CanaryMismatch("the canaries disagree (--canary warn embeds anyway)")
         batch_tokens = args.batch_tokens or default_batch_tokens(engine.provider)
         stats = embed_file(
             engine, args.input, args.output, batch_tokens, progress=not args.no_progress, shard=args.shard

@@ -236,9 +236,10 @@ def placed_session(path: Path, options: ort.SessionOptions, providers: list) -> 
 
 def _open(info, cuda: bool, graph: str, precision: str, options, device_id: int, cuda_graphs: bool):
     """The graph to serve and its session (with its placement report on CUDA, else ""). "auto" picks the Loop
-    graph on the CPU in fp32 (measured the faster one there: README, bench/engine.py), else the window graph."""
+    graph on the CPU in fp32 or int8 (measured the faster one there: README, bench/engine.py), else the window
+    graph (CUDA, fp16)."""
     if graph == "auto":
-        graph = "window" if cuda or precision != "fp32" else "loop"
+        graph = "window" if cuda or precision == "fp16" else "loop"
     chosen = info.graph(graph, precision)
     if not cuda:
         return chosen, ort.InferenceSession(str(chosen.file), options, providers=["CPUExecutionProvider"]), ""
@@ -255,7 +256,7 @@ class Graph:
 
     file: Path
     kind: str  # "loop": any positions per call, CPU; "window": `window` positions unrolled, static shapes
-    precision: str  # "fp32" or "fp16"
+    precision: str  # "fp32", "int8" (the Loop graph's products in integers, CPU) or "fp16" (window graph)
     window: int | None
     entry: dict
 
@@ -350,6 +351,15 @@ class Engine:
         self.info = read_manifest(model_dir)
         self.token_cache = TokenCache(token_cache)
         self.max_rows = max_rows
+        if precision == "int8":
+            # The int8 graph is written for ONNX Runtime's CPU kernels (MatMulIntegerToFloat, with per-row scales
+            # measured on CPUs only, never on a GPU): "auto" means the CPU for it, and CUDA is refused.
+            if provider == "cuda":
+                raise RuntimeError(
+                    "precision int8 runs on the CPU only (its graph is written for ONNX Runtime's CPU kernels and "
+                    "was never measured on a GPU): use provider cpu or auto for int8, or precision fp32 or fp16 on CUDA"
+                )
+            provider = "cpu"
         names = choose_providers(provider)
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads  # 0: one per core
@@ -380,6 +390,16 @@ class Engine:
             off = nodes_off(placement, names[0])
             if off is None:
                 log.warning("ONNX Runtime's placement report was not found in its log: node placement unchecked")
+            elif off and self.graph.kind == "loop":
+                # ONNX Runtime keeps small int64 shape computations of a Loop on the CPU by design (the Loop is
+                # driven from the host anyway): the window graph is the one written to run wholly on the GPU.
+                log.warning(
+                    "provider 'cuda', the Loop graph: ONNX Runtime placed %d node(s) of %s off the GPU (as it does "
+                    "for a Loop's shape computations): %s",
+                    len(off),
+                    self.graph.file.name,
+                    ", ".join(off[:10]),
+                )
             elif off:  # a node on the CPU means copies to and from the host at every call (and no CUDA graph)
                 raise RuntimeError(
                     f"provider 'cuda': ONNX Runtime placed {len(off)} node(s) of {self.graph.file.name} off the "

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.batcher import BatchStats
+from service.canary import CanaryReport
 
 # up to a GPU's windows: 1024 rows of 32 positions, and more
 BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -60,6 +61,19 @@ class Metrics:
         self.rejected = Counter(
             "elmo_rejected", "requests refused with 503 because their model's queue was full", ["model"], registry=r
         )
+        # The start-up check of each model's engine (service/canary.py); absent for an export without canaries.
+        self.canary_error = Gauge(
+            "elmo_canary_max_abs_error", "start-up canaries: max abs error against the reference", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.canary_cosine = Gauge(
+            "elmo_canary_min_cosine", "start-up canaries: min cosine per token vector against the reference",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self.canary_agree = Gauge(
+            "elmo_canary_agree", "start-up canaries: 1 within the graph's allowance, 0 beyond it (ELMO_CANARY=warn)",
+            ["model"], registry=r,
+        )  # fmt: skip
 
     def batch_observer(self, model: str) -> Callable[[BatchStats], None]:
         """What a model's batcher calls after each engine call. Every per-model series of `model` exists from
@@ -77,6 +91,12 @@ class Metrics:
                 queued.observe(waited)
 
         return observe
+
+    def observe_canary(self, model: str, report: CanaryReport) -> None:
+        if report.checked:
+            self.canary_error.labels(model).set(report.max_abs_error)
+            self.canary_cosine.labels(model).set(report.min_cosine)
+            self.canary_agree.labels(model).set(1 if report.passed else 0)
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(stage).observe(seconds)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.batcher import Batcher
+from service.canary import CanaryMismatch, CanaryReport, prove
 from service.engine import MANIFEST, Engine
 from service.metrics import Metrics
 from service.settings import Settings, default_batch_tokens
@@ -43,6 +44,7 @@ class ServedModel:
     batcher: Batcher
     batch_tokens: int
     created: int  # when its export was written (the manifest's mtime, in seconds): /v1/models' `created`
+    canary: CanaryReport  # what its engine's start-up check found (service/canary.py)
 
     @property
     def dim(self) -> int:
@@ -93,7 +95,8 @@ class ServedModels:
 
 def load_models(settings: Settings, metrics: Metrics) -> ServedModels:
     """Every model of `settings.models`, each with an Engine (intra_op_threads each), a Stepper and a Batcher of its
-    own. A model that cannot be loaded stops the start with a RuntimeError naming it and its folder."""
+    own, each engine proven on its export's canaries. A model that cannot be loaded, or whose canaries disagree
+    (ELMO_CANARY=refuse), stops the start with a RuntimeError naming it and its folder, or the figures."""
     served = []
     for name, folder in settings.models:
         try:
@@ -112,6 +115,12 @@ def load_models(settings: Settings, metrics: Metrics) -> ServedModels:
             message = f"cannot load the model {name!r} from {folder}: {type(err).__name__}: {err}"
             log.error(message)
             raise RuntimeError(message) from None
+        try:
+            report = prove(engine, name, settings.canary, settings.canary_margin)
+        except CanaryMismatch as err:
+            log.error(str(err))
+            raise RuntimeError(str(err)) from None
+        metrics.observe_canary(name, report)
         # unset: the provider's default (a GPU wants far more tokens in flight than 2 CPU cores)
         batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
         batcher = Batcher(
@@ -124,5 +133,5 @@ def load_models(settings: Settings, metrics: Metrics) -> ServedModels:
             gather_s=settings.gather_ms / 1000,
         )
         created = int((Path(folder) / MANIFEST).stat().st_mtime)
-        served.append(ServedModel(name, Path(folder), engine, batcher, batch_tokens, created))
+        served.append(ServedModel(name, Path(folder), engine, batcher, batch_tokens, created, report))
     return ServedModels(served)

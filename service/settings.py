@@ -11,6 +11,8 @@ from typing import Annotated
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.canary import MARGIN
+
 # Tokens in flight (and per elmo-embed batch) when ELMO_BATCH_TOKENS / --batch-tokens is not given, by the engine's
 # provider: 2 CPU cores are busy with 4096 (README, Measured performance); a GPU wants far more rows at once (an
 # H100 went from 12,594 tokens/s at 32 rows to 57,359 at 1024; README, GPU), and the engine has 1024 slots.
@@ -131,7 +133,19 @@ class Settings(BaseSettings):
     inter_op_threads: int = Field(0, ge=0)
     token_cache: int = Field(50_000, ge=0, description="token vectors kept for frequent words (0: none)")
     precision: str = Field(
-        "fp32", pattern="^(fp32|fp16)$", description="fp32: exact (1e-5); fp16: the reduced-precision graph (opt-in)"
+        "fp32",
+        pattern="^(fp32|fp16|int8)$",
+        description="fp32: exact (1e-5); int8: the CPU's int8 Loop graph; fp16: the reduced-precision window graph "
+        "(both opt-in, within the error their export states)",
+    )
+    canary: str = Field(
+        "refuse",
+        pattern="^(refuse|warn)$",
+        description="at start-up each engine embeds its export's canary sentences and compares them with the "
+        "reference: refuse to start when they disagree beyond the graph's allowance, or warn and serve",
+    )
+    canary_margin: float = Field(
+        MARGIN, ge=0, description="how far beyond its stated error a reduced precision's canaries may go (0.5: 50%)"
     )
     device_id: int = Field(0, ge=0, description="the GPU to run on (CUDA device order)")
     cuda_graphs: bool = Field(False, description="capture each batch shape as a CUDA graph (CUDA only)")

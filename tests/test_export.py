@@ -123,3 +123,20 @@ def test_cli(tiny_dir, tmp_path):
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert bad.returncode == 1 and "elmo-export:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_every_node_is_named_for_where_it_is(tiny_model_dir):
+    """ONNX Runtime names a node by its name in logs and placement refusals (unnamed, they read `Squeeze ()`)."""
+    for file, scopes in [
+        ("model.onnx", {"char_cnn", "highway0", "highway1", "projection", "lstm0", "lstm1", "lstm0/step"}),
+        ("model_int8.onnx", {"char_cnn", "highway1", "projection", "lstm1", "lstm1/step"}),
+        ("model_window.onnx", {"char_cnn", "highway0", "projection", "lstm0_fwd", "lstm1_bwd"}),
+        ("model_window_fp16.onnx", {"highway0", "lstm1_bwd"}),
+    ]:
+        model = onnx.load(str(tiny_model_dir / file))
+        graphs = [model.graph, *(a.g for n in model.graph.node for a in n.attribute if a.name == "body")]
+        for graph in graphs:
+            names = [node.name for node in graph.node]
+            assert all(names) and len(set(names)) == len(names), file  # named, each once in its graph
+        seen = {node.name.rpartition("/")[0] for graph in graphs for node in graph.node}
+        assert scopes <= seen, (file, seen)

@@ -26,15 +26,17 @@ def window_engine(tiny_model_dir) -> Engine:
     return Engine(tiny_model_dir, provider="cpu", graph="window", intra_op_threads=2)
 
 
-def test_the_folder_holds_three_graphs_and_says_which_is_which(tiny_model_dir):
+def test_the_folder_holds_four_graphs_and_says_which_is_which(tiny_model_dir):
     graphs = json.loads((tiny_model_dir / "manifest.json").read_text())["graphs"]
     assert [(g["file"], g["kind"], g["precision"], g["window"]) for g in graphs] == [
         ("model.onnx", "loop", "fp32", None),
+        ("model_int8.onnx", "loop", "int8", None),
         ("model_window.onnx", "window", "fp32", WINDOW),
         ("model_window_fp16.onnx", "window", "fp16", WINDOW),
     ]
-    assert graphs[0]["parity"]["max_abs_error"] <= 1e-5 and graphs[1]["parity"]["max_abs_error"] <= 1e-5
-    assert graphs[2]["accuracy"]["min_cosine_vs_fp32"] >= 0.9999
+    assert graphs[0]["parity"]["max_abs_error"] <= 1e-5 and graphs[2]["parity"]["max_abs_error"] <= 1e-5
+    assert graphs[1]["accuracy"]["min_cosine_vs_fp32"] >= 0.999  # tests/test_int8.py
+    assert graphs[3]["accuracy"]["min_cosine_vs_fp32"] >= 0.9999
 
 
 def test_the_engine_picks_the_loop_graph_on_the_cpu_and_the_window_graph_for_fp16(tiny_model_dir, engine):
