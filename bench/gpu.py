@@ -133,6 +133,8 @@ def placement(model_dir: Path, provider: str, device_id: int) -> dict[str, dict]
         ort.preload_dlls()
     result = {}
     for graph in read_manifest(model_dir).graphs:
+        if graph.precision == "int8" and names[0] == "CUDAExecutionProvider":
+            continue  # written for the CPU's integer kernels; the engine refuses it on CUDA
         providers = list(names)
         if names[0] == "CUDAExecutionProvider":
             providers[0] = (names[0], cuda_options(device_id, False))
