@@ -82,6 +82,18 @@ def save_onnx(model_proto: onnx.ModelProto, path: Path) -> None:
         onnx.save_model(model_proto, path, save_as_external_data=True, location=path.name + ".data")
 
 
+def graph_list(window: int = WINDOW, int8: Int8 = INT8) -> list[dict]:
+    """The graphs an export writes, as its manifest lists them (before their measured errors are added)."""
+    return [
+        {"file": MODEL_FILE, "kind": "loop", "precision": "fp32", "window": None, "for": "CPU"},
+        {"file": "model_int8.onnx", "kind": "loop", "precision": "int8", "window": None,
+         "for": "CPU with precision int8 (opt-in)", "quantization": int8.to_dict()},
+        {"file": "model_window.onnx", "kind": "window", "precision": "fp32", "window": window, "for": "CUDA"},
+        {"file": "model_window_fp16.onnx", "kind": "window", "precision": "fp16", "window": window,
+         "for": "CUDA with precision fp16 (opt-in)"},
+    ]  # fmt: skip
+
+
 def export_model(
     model: BiLM,
     out_dir: str | Path,
@@ -103,14 +115,7 @@ def export_model(
     opt = model.options
     cells = [*model.forward_lstm.layers, *model.backward_lstm.layers]
     initial_state = "warm" if any(bool(c.h0.any() or c.c0.any()) for c in cells) else "zero"
-    graphs = [
-        {"file": MODEL_FILE, "kind": "loop", "precision": "fp32", "window": None, "for": "CPU"},
-        {"file": "model_int8.onnx", "kind": "loop", "precision": "int8", "window": None,
-         "for": "CPU with precision int8 (opt-in)", "quantization": int8.to_dict()},
-        {"file": "model_window.onnx", "kind": "window", "precision": "fp32", "window": window, "for": "CUDA"},
-        {"file": "model_window_fp16.onnx", "kind": "window", "precision": "fp16", "window": window,
-         "for": "CUDA with precision fp16 (opt-in)"},
-    ]  # fmt: skip
+    graphs = graph_list(window, int8)
     with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
         tmp = Path(tmp)
         for graph in graphs:

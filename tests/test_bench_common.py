@@ -1,0 +1,30 @@
+"""bench/common.py's export cache: a benchmark must measure the graphs an export writes today, never a folder
+left by an older exporter (CI once failed because a cached export predated the int8 graph)."""
+
+from __future__ import annotations
+
+import json
+
+from bench import common
+from model_export.export import graph_list
+
+
+def test_cached_export_is_reused_and_an_older_one_written_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "BUILD", tmp_path)
+    out = common.tiny_model()
+    files = {g["file"] for g in graph_list()}
+    assert files <= {p.name for p in out.iterdir()}
+    written = (out / "manifest.json").stat().st_mtime_ns
+
+    assert common.tiny_model() == out
+    assert (out / "manifest.json").stat().st_mtime_ns == written  # same graphs: reused, not exported again
+
+    manifest = json.loads((out / "manifest.json").read_text())  # as an export from before the int8 graph
+    manifest["graphs"] = [g for g in manifest["graphs"] if g["precision"] != "int8"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "model_int8.onnx").unlink()
+
+    common.tiny_model()
+    again = json.loads((out / "manifest.json").read_text())
+    assert [g["file"] for g in again["graphs"]] == [g["file"] for g in graph_list()]
+    assert (out / "model_int8.onnx").exists()
