@@ -250,8 +250,9 @@ class Trainer:
                 f"backward {ppl.backward:.1f} ({self.state['train_seconds'] / 60:.1f} min of training so far)",
                 flush=True,
             )
-            self.state["epoch"] += 1
-            self.state["batch"] = 0
+            if self.state["batch"] >= len(batches):  # the epoch is over; a step budget that ended inside it
+                self.state["epoch"] += 1  # leaves the position, so a rerun with a larger budget goes on from there
+                self.state["batch"] = 0
             self.save_checkpoint()
             last_checkpoint = time.monotonic()
         return True

@@ -467,6 +467,18 @@ def test_a_step_budget_ends_training_inside_an_epoch_with_the_schedule_spanning_
     assert train([corpus], tmp_path / "b", "tiny", epochs=2, steps=15)["steps"] == 15  # finished: no more steps
 
 
+def test_a_larger_step_budget_continues_the_epoch_where_the_smaller_one_ended(corpus, tmp_path):
+    """A run that ended at its step budget inside the epoch (10 of 21 batches) is continued by a rerun with a
+    larger budget: it goes on with the epoch's remaining batches, so every batch is seen once and none twice
+    (a checkpoint once marked such an epoch as over, and the rerun trained nothing)."""
+    first = train([corpus], tmp_path / "b", "tiny", epochs=1, steps=10)
+    assert first["finished"] and first["steps"] == 10
+    more = train([corpus], tmp_path / "b", "tiny", epochs=1, steps=21)
+    straight = train([corpus], tmp_path / "straight", "tiny", epochs=1)
+    assert more["steps"] == straight["steps"] == 21
+    assert more["tokens_seen"] == straight["tokens_seen"]  # the same batches in all, each once
+
+
 def test_the_char_cnn_by_length_groups_equals_the_full_width_char_cnn():
     """Training convolves groups of short words over fewer char positions: the same vectors, to float rounding,
     for words of every length up to the 48 bytes kept (and the markers), in any order."""
