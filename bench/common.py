@@ -54,8 +54,8 @@ def onnx_folder(name: str, window: int | None) -> str:
 
 
 def _export_once(options: Path, weights: Path, out: Path, window: int | None) -> None:
-    """Export unless `out` already holds this graph version with this window."""
-    from model_export.export import WINDOW, export_model
+    """Export unless `out` already holds this graph version with this window, its int8 graph and canaries."""
+    from model_export.export import INT8, WINDOW, export_model
     from model_export.onnx_graph import GRAPH_VERSION
     from model_export.weights import load_bilm
 
@@ -64,7 +64,9 @@ def _export_once(options: Path, weights: Path, out: Path, window: int | None) ->
     if manifest.exists():
         written = json.loads(manifest.read_text())
         windows = {g.get("window") for g in written.get("graphs", []) if g.get("kind") == "window"}
-        if written.get("graph_version") == GRAPH_VERSION and windows == {window}:
+        int8 = [g.get("quantization") for g in written.get("graphs", []) if g.get("precision") == "int8"]
+        current = written.get("graph_version") == GRAPH_VERSION and "canaries" in written
+        if current and windows == {window} and int8 == [INT8.to_dict()]:
             return
     sources = {"options": options, "weights": weights}
     export_model(load_bilm(options, weights), out, sources, window=window)
