@@ -1,16 +1,20 @@
 """Bulk embedding, whole process: `elmo-embed` vs allennlp 2.10.1's ELMo (batches of 64) on the same file and weights.
 
     .venv/bin/python -m bench.bulk [--repeat 3] [--lines 600] [--batch-tokens 4096] [--threads 2]
-        [--allennlp-python /work/allennlp-venv/bin/python]
+        [--precision fp32,int8] [--busy-cores 0] [--allennlp-python /work/allennlp-venv/bin/python]
 
 Writes the fixture sentences repeated to --lines lines under build/bench/, then times each tool's whole process
-(wall clock around the subprocess: start-up, imports, model load, embedding, hdf5 output) --repeat times on a
-quiet machine: it waits while other processes use the CPU, and runs again a run that they disturbed.
+(wall clock around the subprocess: start-up, imports, model load, embedding, hdf5 output) and its peak resident
+memory, --repeat rounds in which every tool runs once in turn (elmo-embed in each --precision, then allennlp), so
+that a noisy machine's slow spells fall on all of them alike. Before each run it waits until other processes leave
+the cores idle, and it runs again a run that they disturbed; `--busy-cores N` tolerates N cores kept busy by others
+throughout (a training job on one core: 1), and says so in the output.
 
-Prints allennlp's own JSON figures, the max abs error between the two outputs on the first sentence (allennlp
-is stateful, so only its first batch starts from the zero state that elmo-embed always uses), a table of wall s
-(best / median) and tokens/s (best) per tool, the speed-up of elmo-embed over allennlp, and whether the 3x
-acceptance bar holds.
+Prints allennlp's own JSON figures, the max abs error between elmo-embed (fp32) and allennlp on the first sentence
+(allennlp is stateful, so only its first batch starts from the zero state that elmo-embed always uses), each
+reduced precision's error against fp32 over the whole output (max abs, min cosine per token vector of each layer),
+a table of wall s (best / median), tokens/s (best) and peak memory per tool, the speed-ups over allennlp and over
+fp32 (best runs, and medians of the same rounds), and whether the 3x acceptance bar over allennlp holds.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +33,7 @@ import h5py
 import numpy as np
 
 from bench.common import BUILD, ROOT, fixture_sentences, full_size_model
+from service.canary import cosine_min
 
 BAR = 3.0
 ALLENNLP_SCRIPT = ROOT / "bench" / "allennlp_baseline.py"  # not imported: it stubs modules on import
@@ -40,47 +45,60 @@ def busy_cpu_s() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def wait_quiet(threshold: float = 0.1, patience_s: float = 900.0) -> None:
-    """Wait until other processes leave the cores idle (at most `threshold` CPU s per second)."""
+def wait_quiet(busy_cores: float = 0.0, patience_s: float = 900.0) -> None:
+    """Wait until other processes leave the cores idle (at most `busy_cores` + 0.1 CPU s per second)."""
     deadline = time.monotonic() + patience_s
     while True:
         before = busy_cpu_s()
         time.sleep(2)
-        if (busy := (busy_cpu_s() - before) / 2) <= threshold or time.monotonic() > deadline:
+        if (busy := (busy_cpu_s() - before) / 2) <= busy_cores + 0.1 or time.monotonic() > deadline:
             return
         print(f"  other processes busy ({busy:.1f} cores); waiting", file=sys.stderr)
         time.sleep(10)
 
 
-def time_process(command: list[str], repeat: int, max_others: float = 0.05) -> tuple[list[float], str]:
-    """Wall seconds of `repeat` undisturbed runs of the command, and the last run's stdout. A run during which
-    other processes took more than `max_others` CPU s per wall second is dropped and run again."""
-    times, stdout = [], ""
-    for _ in range(5 * repeat):
-        wait_quiet()
-        busy, ours, start = busy_cpu_s(), children_cpu_s(), time.perf_counter()
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+def run_once(command: list[str]) -> tuple[float, float, float, str]:
+    """(wall s, CPU s of the process, peak resident MB, stdout) of one run of the command."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
-        if done.returncode:
-            sys.exit(f"failed ({done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}")
-        others = (busy_cpu_s() - busy) - (children_cpu_s() - ours)
-        if others > max_others * wall:
-            print(f"  run of {wall:.1f} s disturbed (other processes: {others:.1f} CPU s); again", file=sys.stderr)
-            continue
-        times.append(wall)
-        stdout = done.stdout
-        if len(times) == repeat:
-            break
-    else:
-        if not times:
-            sys.exit(f"no undisturbed run of {command[0]} in {5 * repeat} tries: the machine is busy")
-        print(f"warning: only {len(times)} undisturbed runs of {command[0]}", file=sys.stderr)
-    return times, stdout
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        if proc.returncode:
+            sys.exit(f"failed ({proc.returncode}): {' '.join(command)}\n{err.read().decode()[-2000:]}")
+        return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read().decode()
+
+
+def alternate(commands: dict[str, list[str]], repeat: int, busy_cores: float) -> tuple[dict, dict]:
+    """`repeat` rounds, each running every command once in turn; a run during which other processes took more than
+    `busy_cores` + 0.05 CPU s per wall second is dropped and run again (5 tries). Returns each command's (wall s,
+    peak MB) per round, and its last stdout."""
+    runs, stdout = {name: [] for name in commands}, {}
+    for _ in range(repeat):
+        for name, command in commands.items():
+            for _ in range(5):
+                wait_quiet(busy_cores)
+                busy = busy_cpu_s()
+                wall, cpu, peak, stdout[name] = run_once(command)
+                others = (busy_cpu_s() - busy) - cpu
+                if others <= (busy_cores + 0.05) * wall:
+                    runs[name].append((wall, peak))
+                    break
+                print(f"  {name}: run of {wall:.1f} s disturbed (others: {others:.1f} CPU s); again", file=sys.stderr)
+            else:
+                sys.exit(f"no undisturbed run of {name} in 5 tries: the machine is busy (see --busy-cores)")
+    return runs, stdout
+
+
+def layer_errors(path: Path, reference: Path) -> tuple[float, list[float]]:
+    """Max abs error and min cosine per layer of one elmo-embed output against another, over every line."""
+    with h5py.File(path, "r") as a, h5py.File(reference, "r") as b:
+        keys = [k for k in b if k != "sentence_to_index"]
+        got, want = [a[k][...] for k in keys], [b[k][...] for k in keys]
+    error = max(float(np.abs(x - y).max()) for x, y in zip(got, want, strict=True))
+    return error, [cosine_min([x[k : k + 1] for x in got], [y[k : k + 1] for y in want]) for k in range(len(want[0]))]
 
 
 def elmo_embed_command() -> list[str]:
@@ -94,6 +112,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=600)
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2, help="threads of both tools")
+    parser.add_argument("--precision", default="fp32", help="elmo-embed's precisions, in turn: fp32 or fp32,int8")
+    parser.add_argument("--busy-cores", type=float, default=0.0, help="cores other processes keep busy throughout")
     parser.add_argument("--allennlp-python", type=Path, default=Path("/work/allennlp-venv/bin/python"))
     args = parser.parse_args()
 
@@ -103,50 +123,80 @@ def main() -> None:
     tokens = sum(map(len, lines))
     text = BUILD / f"bulk{args.lines}.txt"
     text.write_text("".join(" ".join(s) + "\n" for s in lines), encoding="utf-8")
-    ours_out, theirs_out = BUILD / "bulk-elmo-embed.hdf5", BUILD / "bulk-allennlp.hdf5"
+    theirs_out = BUILD / "bulk-allennlp.hdf5"
     print(f"input: {text.relative_to(ROOT)}: {len(lines)} lines, {tokens} tokens; model: {folder.relative_to(ROOT)}")
+    if args.busy_cores:
+        print(f"other processes were allowed {args.busy_cores:g} busy cores throughout (of {os.cpu_count()})")
 
-    ours = [
-        *elmo_embed_command(),
-        *("--model", str(folder / "onnx"), str(text), str(ours_out)),
-        *("--batch-tokens", str(args.batch_tokens), "--threads", str(args.threads), "--no-progress"),
-    ]
-    rows = [(f"elmo-embed (batch-tokens {args.batch_tokens})", time_process(ours, args.repeat)[0])]
-
+    commands, outputs = {}, {}
+    for precision in args.precision.split(","):
+        name = f"elmo-embed {precision} (batch-tokens {args.batch_tokens})"
+        outputs[name] = BUILD / f"bulk-elmo-embed-{precision}.hdf5"
+        commands[name] = [
+            *elmo_embed_command(),
+            *("--model", str(folder / "onnx"), str(text), str(outputs[name]), "--precision", precision),
+            *("--batch-tokens", str(args.batch_tokens), "--threads", str(args.threads), "--no-progress"),
+        ]
+    allennlp = "allennlp 2.10.1 (batch 64)"
     if args.allennlp_python.exists():
-        theirs = [
+        commands[allennlp] = [
             *(str(args.allennlp_python), str(ALLENNLP_SCRIPT)),
             *("--options", str(folder / "options.json"), "--weights", str(folder / "weights.hdf5")),
             *("--input", str(text), "--output", str(theirs_out)),
             *("--batch-size", "64", "--threads", str(args.threads)),
         ]
-        times, stdout = time_process(theirs, args.repeat)
-        report = json.loads(stdout.strip().splitlines()[-1])
-        rows.append(("allennlp 2.10.1 (batch 64)", times))
-        print(
-            f"allennlp's own figures (last run): process_s {report['process_s']}, load_s {report['load_s']}, "
-            f"embed_s {report['embed_s']}, tokens_per_s {report['tokens_per_s']} (embedding only)"
-        )
-        with h5py.File(ours_out, "r") as a, h5py.File(theirs_out, "r") as b:
-            error = float(np.abs(a["0"][...] - b["0"][...]).max())
-        print(f"max abs error elmo-embed vs allennlp, first sentence: {error:.2e} (tolerance 1e-05)")
     else:
         print(
             f"{args.allennlp_python} not found: allennlp part skipped. Create that venv as the docstring of "
             "bench/allennlp_baseline.py says, or pass --allennlp-python."
         )
+    runs, stdout = alternate(commands, args.repeat, args.busy_cores)
 
-    print(f"{'tool (whole process)':<34}{'best s':>9}{'median s':>10}{'tokens/s':>10}   each run s")
-    for name, times in rows:
-        best, median = min(times), statistics.median(times)
-        each = " ".join(f"{t:.2f}" for t in times)
-        print(f"{name:<34}{best:>9.2f}{median:>10.2f}{tokens / best:>10.0f}   {each}")
-    if len(rows) == 2:
-        (_, ours_t), (_, theirs_t) = rows
-        best = min(theirs_t) / min(ours_t)
-        median = statistics.median(theirs_t) / statistics.median(ours_t)
-        holds = "holds" if min(best, median) >= BAR else "does NOT hold"
-        print(f"speed-up elmo-embed vs allennlp: {best:.2f}x (best), {median:.2f}x (median); {BAR:.0f}x bar {holds}")
+    fp32 = next((outputs[n] for n in outputs if " fp32 " in n), None)
+    if allennlp in runs:
+        report = json.loads(stdout[allennlp].strip().splitlines()[-1])
+        print(
+            f"allennlp's own figures (last run): process_s {report['process_s']}, load_s {report['load_s']}, "
+            f"embed_s {report['embed_s']}, tokens_per_s {report['tokens_per_s']} (embedding only)"
+        )
+        if fp32:
+            with h5py.File(fp32, "r") as a, h5py.File(theirs_out, "r") as b:
+                error = float(np.abs(a["0"][...] - b["0"][...]).max())
+            print(f"max abs error elmo-embed fp32 vs allennlp, first sentence: {error:.2e} (tolerance 1e-05)")
+    for name, path in outputs.items():
+        if fp32 and path != fp32:
+            error, cosines = layer_errors(path, fp32)
+            each = ", ".join(f"{c:.6f}" for c in cosines)
+            print(
+                f"{name.split(' (')[0]} vs fp32, all {len(lines)} lines: max abs error {error:.3g}, "
+                f"min cosine by layer {each}"
+            )
+
+    print(f"{'tool (whole process)':<40}{'best s':>9}{'median s':>10}{'tokens/s':>10}{'peak MB':>9}   each run s")
+    for name, each in runs.items():
+        times = [wall for wall, _ in each]
+        best, median, peak = min(times), statistics.median(times), max(mb for _, mb in each)
+        print(f"{name:<40}{best:>9.2f}{median:>10.2f}{tokens / best:>10.0f}{peak:>9.0f}   "
+              + " ".join(f"{t:.2f}" for t in times))  # fmt: skip
+
+    def speedup(slow: str, fast: str) -> tuple[float, float]:
+        slow_t, fast_t = [w for w, _ in runs[slow]], [w for w, _ in runs[fast]]
+        per_round = statistics.median(s / f for s, f in zip(slow_t, fast_t, strict=True))
+        return min(slow_t) / min(fast_t), per_round
+
+    ours = [name for name in runs if name != allennlp]
+    base = next((n for n in ours if " fp32 " in n), None)
+    for name in ours:
+        if base and name != base:
+            best, rounds = speedup(base, name)
+            print(f"speed-up {name.split(' (')[0]} vs fp32: {best:.2f}x (best runs), {rounds:.2f}x (median of rounds)")
+        if allennlp in runs:
+            best, rounds = speedup(allennlp, name)
+            holds = "holds" if min(best, rounds) >= BAR else "does NOT hold"
+            print(
+                f"speed-up {name.split(' (')[0]} vs allennlp: {best:.2f}x (best runs), {rounds:.2f}x (median of "
+                f"rounds); {BAR:.0f}x bar {holds}"
+            )
 
 
 if __name__ == "__main__":

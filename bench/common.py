@@ -54,8 +54,8 @@ def onnx_folder(name: str, window: int | None) -> str:
 
 
 def _export_once(options: Path, weights: Path, out: Path, window: int | None) -> None:
-    """Export unless `out` already holds this graph version with the graphs (and window) an export writes now:
-    an export cached before a new graph was added (the int8 one) is written again."""
+    """Export unless `out` already holds this graph version with the graphs (window, int8 scheme) an export writes
+    now, and canaries: an export cached before a new graph or scheme was added is written again."""
     from model_export.export import WINDOW, export_model, graph_list
     from model_export.onnx_graph import GRAPH_VERSION
     from model_export.weights import load_bilm
@@ -64,9 +64,10 @@ def _export_once(options: Path, weights: Path, out: Path, window: int | None) ->
     manifest = out / "manifest.json"
     if manifest.exists():
         written = json.loads(manifest.read_text())
-        have = [{key: g.get(key) for key in ("file", "kind", "precision", "window")} for g in written.get("graphs", [])]
-        want = [{key: g[key] for key in ("file", "kind", "precision", "window")} for g in graph_list(window)]
-        if written.get("graph_version") == GRAPH_VERSION and have == want:
+        keys = ("file", "kind", "precision", "window", "quantization")
+        have = [{key: g.get(key) for key in keys} for g in written.get("graphs", [])]
+        want = [{key: g.get(key) for key in keys} for g in graph_list(window)]
+        if written.get("graph_version") == GRAPH_VERSION and "canaries" in written and have == want:
             return
     sources = {"options": options, "weights": weights}
     export_model(load_bilm(options, weights), out, sources, window=window)

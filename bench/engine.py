@@ -1,12 +1,15 @@
 """Engine speed on the full-size published architecture (random weights): ONNX Runtime vs the PyTorch module.
 
     .venv/bin/python -m bench.engine [--threads 2] [--provider cpu|cuda] [--batches 1,32] [--graph loop|window]
+        [--precision fp32,int8]
 
 Prints tokens/s of each path at each batch size on the fixture sentences (for ONNX Runtime also with the
 batches cut from length-sorted sentences, as a bulk job cuts them), the machine's fp32 GEMM rate,
 and each path's share of it (2 x multiply-adds per token x tokens/s / GEMM FLOP/s). The share counts the
 model's nominal work; the engine skips some (the char-CNN of repeated and cached words), so the ONNX
-Runtime share can pass what GEMMs alone would allow.
+Runtime share can pass what GEMMs alone would allow. With several precisions (`--precision fp32,int8`), the
+engines run every batch in turn (fp32, then int8, on the same batch), so that a noisy machine slows them alike,
+and each reduced precision's speed is also given as a ratio to fp32's, and its error against fp32.
 """
 
 from __future__ import annotations
@@ -14,11 +17,10 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 import torch
 
 from bench.common import FULL_OPTIONS, fixture_sentences, full_size_model, gemm_rate
-from model_export.export import torch_layers
+from model_export.export import cosine_min, max_abs_error, torch_layers
 from model_export.options import load_options
 from model_export.weights import load_bilm
 from service.engine import Engine
@@ -26,15 +28,30 @@ from service.engine import Engine
 
 def tokens_per_s(run, sentences: list[list[str]], batch: int, min_seconds: float) -> float:
     """Embed the sentences in batches of `batch` (first pass is warm-up), repeat until min_seconds."""
+    return in_turn({"": run}, sentences, batch, min_seconds)[""]
+
+
+def in_turn(runs: dict, sentences: list[list[str]], batch: int, min_seconds: float) -> dict[str, float]:
+    """tokens/s of each of `runs`, embedding the sentences in batches of `batch`, every batch with each run in
+    turn (a first pass is warm-up), until each has had about min_seconds."""
     batches = [sentences[i : i + batch] for i in range(0, len(sentences), batch)]
-    run(batches[0])
-    tokens, start = 0, time.perf_counter()
+    for run in runs.values():
+        run(batches[0])
+    spent, tokens, start = dict.fromkeys(runs, 0.0), 0, time.perf_counter()
     while True:
         for b in batches:
-            run(b)
+            for name, run in runs.items():
+                begin = time.perf_counter()
+                run(b)
+                spent[name] += time.perf_counter() - begin
             tokens += sum(map(len, b))
-        if time.perf_counter() - start >= min_seconds:
-            return tokens / (time.perf_counter() - start)
+        if time.perf_counter() - start >= min_seconds * len(runs):
+            return {name: tokens / seconds for name, seconds in spent.items()}
+
+
+def size(engine: Engine) -> float:
+    """MB of the engine's graph file (and of its external data, if any)."""
+    return sum(f.stat().st_size for f in engine.graph.file.parent.glob(engine.graph.file.name + "*")) / 1e6
 
 
 def main() -> None:
@@ -50,21 +67,32 @@ def main() -> None:
         choices=["auto", "loop", "window"],
         help="which of the model's graphs (auto: the engine's choice)",
     )
+    parser.add_argument("--precision", default="fp32", help="fp32, int8 or fp16, or several: fp32,int8")
     args = parser.parse_args()
 
     opt = load_options(FULL_OPTIONS)
     folder = full_size_model()
     sentences = fixture_sentences()
-    engine = Engine(folder / "onnx", provider=args.provider, intra_op_threads=args.threads, graph=args.graph)
+    precisions = args.precision.split(",")
+    engines = {
+        p: Engine(folder / "onnx", args.provider, args.threads, precision=p, graph=args.graph) for p in precisions
+    }
     torch.set_num_threads(args.threads)
     model = None if args.no_torch else load_bilm(folder / "options.json", folder / "weights.hdf5")
 
     check = sentences[:4]
-    if model is not None:
-        error = max(
-            float(np.abs(a - b).max()) for a, b in zip(engine.run(check), torch_layers(model, check), strict=True)
-        )
-        print(f"max abs error ONNX Runtime vs PyTorch on the full-size model: {error:.2e}")
+    reference = torch_layers(model, check) if model is not None else None
+    for precision, engine in engines.items():
+        got = engine.run(check)
+        if precision == "fp32" and reference is not None:
+            print(f"max abs error ONNX Runtime vs PyTorch on the full-size model: {max_abs_error(got, reference):.2e}")
+        elif precision != "fp32" and "fp32" in engines:
+            fp32 = engines["fp32"].run(check)
+            print(
+                f"{precision} vs fp32 on the full-size model: max abs error {max_abs_error(got, fp32):.3g}, "
+                f"min cosine {cosine_min(got, fp32):.6f}; graph file {engine.graph.file.name} {size(engine):.0f} MB "
+                f"(fp32: {size(engines['fp32']):.0f} MB)"
+            )
     rates = gemm_rate(args.threads)
     rate = max(rates.values())
     macs = opt.macs_per_token()
@@ -72,20 +100,27 @@ def main() -> None:
     print(f"machine: fp32 GEMM 2048x2048x4096, {args.threads} threads, GFLOP/s: {measured}; yardstick {rate / 1e9:.0f}")
     print(f"model: {macs / 1e6:.1f} M multiply-adds per token")
     tokens = sum(map(len, sentences))
-    print(f"provider: {engine.provider}, {engine.graph.kind} graph; {len(sentences)} sentences, {tokens} tokens")
-    print(f"{'path':<16}{'batch':>6}{'tokens/s':>11}{'GEMM share':>12}")
+    for precision, engine in engines.items():
+        print(f"{precision}: provider {engine.provider}, {engine.graph.kind} graph {engine.graph.file.name}")
+    print(f"{len(sentences)} sentences, {tokens} tokens; several paths in one row ran every batch in turn")
+    print(f"{'path':<22}{'batch':>6}{'tokens/s':>11}{'GEMM share':>12}{'x fp32':>8}")
     for batch in map(int, args.batches.split(",")):
         data = sentences * max(1, -(-batch // len(sentences)))  # at least one full batch
-        paths = [("onnxruntime", engine.run, data)]
+        runs = {f"onnxruntime {p}": e.run for p, e in engines.items()}
+        paths = [(runs, data)]
         if batch > 1:
             # The same sentences in batches of alike lengths, as elmo-embed cuts a file; the batches above mix
             # lengths 3 to 53 as concurrent clients' sentences come, and each runs as many steps as its longest.
-            paths.append(("  length-sorted", engine.run, sorted(sentences * max(2, -(-2 * batch // 30)), key=len)))
+            sorted_runs = {f"  length-sorted {p}": e.run for p, e in engines.items()}
+            paths.append((sorted_runs, sorted(sentences * max(2, -(-2 * batch // 30)), key=len)))
         if model is not None:
-            paths.append(("torch eager", lambda b: torch_layers(model, b), data))
-        for name, run, cut in paths:
-            tps = tokens_per_s(run, cut, batch, args.seconds)
-            print(f"{name:<16}{batch:>6}{tps:>11.0f}{2 * macs * tps / rate:>11.0%}")
+            paths.append(({"torch eager": lambda b: torch_layers(model, b)}, data))
+        for runs_, cut in paths:
+            measured = in_turn(runs_, cut, batch, args.seconds)
+            base = next((tps for name, tps in measured.items() if name.endswith(" fp32")), None)
+            for name, tps in measured.items():
+                ratio = f"{tps / base:.2f}x" if base and not name.endswith((" fp32", " eager")) else ""
+                print(f"{name:<22}{batch:>6}{tps:>11.0f}{2 * macs * tps / rate:>11.0%}{ratio:>8}")
 
 
 if __name__ == "__main__":

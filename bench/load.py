@@ -1,6 +1,7 @@
 """Service throughput and latency under concurrency, against bulk elmo-embed, on one machine.
 
     .venv/bin/python -m bench.load [--clients 1,8,32,128] [--seconds 20] [--encoding float] [--model DIR]
+        [--precision fp32|int8]
 
 In one run, on the full-size published architecture (random weights) unless --model is given:
   1. bulk: one `elmo-embed` job over the fixture sentences (x20), tokens/s of its embedding phase;
@@ -39,12 +40,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def bulk_tokens_per_s(model: Path, sentences: list[list[str]], threads: int) -> float:
+def bulk_tokens_per_s(model: Path, sentences: list[list[str]], threads: int, precision: str = "fp32") -> float:
     path = BUILD / "load-bulk.txt"
     path.write_text("".join(" ".join(s) + "\n" for s in sentences))
     run = subprocess.run(
         [sys.executable, "-m", "service.cli", "--model", str(model), str(path), str(BUILD / "load-bulk.hdf5"),
-         "--no-progress", "--threads", str(threads)],
+         "--no-progress", "--threads", str(threads), "--precision", precision],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return float(re.search(r"\((\d+) tokens/s\)", run.stderr).group(1))
@@ -74,9 +75,11 @@ def stage_line(before: dict[str, float], after: dict[str, float]) -> str:
     return "server ms per request (CPU; engine: wall): " + ", ".join(parts)
 
 
-def engine_seconds(model: Path, sentences: list[list[str]], threads: int, repeats: int = 5) -> dict[int, float]:
+def engine_seconds(
+    model: Path, sentences: list[list[str]], threads: int, repeats: int = 5, precision: str = "fp32"
+) -> dict[int, float]:
     """Median engine time of each distinct sentence alone (batch 1), keyed by its index."""
-    engine = Engine(model, provider="cpu", intra_op_threads=threads)
+    engine = Engine(model, provider="cpu", intra_op_threads=threads, precision=precision)
     engine.run([sentences[0]])
     out = {}
     for i, s in enumerate(sentences):
@@ -160,6 +163,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--encoding", default="float", choices=["float", "base64"])
     parser.add_argument("--pooling", default="none", choices=["none", "mean"], help="the requests' pooling")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "int8"], help="the server's and bulk's")
     args = parser.parse_args()
 
     model = args.model or full_size_model() / "onnx"
@@ -167,12 +171,13 @@ def main() -> None:
     BUILD.mkdir(parents=True, exist_ok=True)
 
     # The best of two bulk runs: the bar is a ratio to it, and a run slowed by the VM would flatter the service.
-    bulk = max(bulk_tokens_per_s(model, sentences * 20, args.threads) for _ in range(2))
-    print(f"model: {model}")
+    bulk = max(bulk_tokens_per_s(model, sentences * 20, args.threads, args.precision) for _ in range(2))
+    print(f"model: {model}, precision {args.precision}")
     print(f"bulk elmo-embed: {bulk:.0f} tokens/s (embedding phase, without start-up; best of 2)")
 
     port = free_port()
     env = {**os.environ, "ELMO_INTRA_OP_THREADS": str(args.threads), "ELMO_LOG_LEVEL": "warning"}
+    env["ELMO_PRECISION"] = args.precision
     server = subprocess.Popen(
         [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
          "--model", str(model), "--port", str(port)],
@@ -205,7 +210,7 @@ def main() -> None:
             if clients == 1 and r["samples"]:
                 # The engine's own batch-1 time per sentence, measured right after, while the server is idle
                 # (batch-1 speed is bound by memory bandwidth and drifts on a shared VM: measure it close by).
-                alone = engine_seconds(model, sentences, args.threads)
+                alone = engine_seconds(model, sentences, args.threads, precision=args.precision)
                 ratios = [t / alone[k] for k, t in r["samples"]]
                 in_server = (after[1] - before[1]) / max(1, len(r["samples"]))  # engine seconds per request
                 mean_latency = float(np.mean([t for _, t in r["samples"]]))

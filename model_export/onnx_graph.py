@@ -166,8 +166,9 @@ class _Precision:
     def up(self, x: str) -> str:
         return self.g.op("Cast", x, to=TensorProto.FLOAT) if self.half else x
 
-    def matmul(self, x: str, w, bias: str | None = None) -> str:
-        """x (fp32) @ w (a `matrix`) (+ bias, fp32, in int8 only) -> fp32."""
+    def matmul(self, x: str, w, bias: str | None = None, scaled: bool = True):
+        """x (fp32) @ w (a `matrix`) (+ bias, fp32, in int8 only) -> fp32. In int8 per row with `scaled` False:
+        (the products before each row's scale, (M, 1) the scales), for the caller to apply where it is cheaper."""
         if not self.int8:
             return self.up(self.g.op("MatMul", self.down(x), w))
         g, (values, scale, zero) = self.g, w
@@ -181,6 +182,8 @@ class _Precision:
         one = g.const(1.0, "one")
         quantized = g.op("QuantizeLinear", g.op("Div", x, row_scale), one, centre)  # round half to even, saturate
         product = g.op("MatMulIntegerToFloat", quantized, values, one, scale, centre, zero, domain=MS_DOMAIN)
+        if not scaled:
+            return product, row_scale
         y = g.op("Mul", product, row_scale)
         return g.op("Add", y, bias) if bias else y
 
@@ -238,11 +241,12 @@ def _int64_zero() -> onnx.TensorProto:
 DIRECTIONS = ("fwd", "bwd")
 
 
-def _loop_body(opt, cells: list, gates_x: list[str], active: str, offsets: str, precision: str, int8, scope: str):
+def _loop_body(opt, cells: list, gates_x: list, active: str, offsets: str, precision: str, int8, scope: str):
     """Step t of one layer, both directions, over the sentences still running (rows are sorted longest
     first, so they are the first active[t] rows). Per direction: (h, c) (B, P), (B, C) -> next (h, c),
-    and h as scan output. The weights live in the body as 2-D constants so ONNX Runtime pre-packs them
-    once (see the module docstring)."""
+    and h as scan output. `gates_x`: each direction's input products (N, 4C), bias included, or in int8 per row
+    (the products unscaled, each row's scale (N, 1), the bias (4C,)). The weights live in the body as 2-D
+    constants so ONNX Runtime pre-packs them once (see the module docstring)."""
     b = _Graph("step_", scope)
     p = _Precision(b, precision, int8)
     i64 = np.int64
@@ -258,7 +262,15 @@ def _loop_body(opt, cells: list, gates_x: list[str], active: str, offsets: str, 
     scans = []
     for d, cell, gates in zip(DIRECTIONS, cells, gates_x, strict=True):
         h_in, c_in = f"h_{d}", f"c_{d}"
-        gates_t = b.op("Slice", gates, start, b.op("Add", start, n), axis0)  # (n_t, 4C): packed rows of step t
+        rows = start, b.op("Add", start, n), axis0  # the packed rows of step t
+        if isinstance(gates, tuple):
+            # int8 per row: the input products come unscaled, and get each row's scale and the bias here, on the
+            # step's rows while they are in cache, rather than in two more passes over all of them before the loop
+            products, row_scales, bias = gates
+            scaled = b.op("Mul", b.op("Slice", products, *rows), b.op("Slice", row_scales, *rows))
+            gates_t = b.op("Add", scaled, b.const(bias, "b_input"))  # (n_t, 4C)
+        else:
+            gates_t = b.op("Slice", gates, *rows)  # (n_t, 4C)
         h_run, h_done = b.op("Slice", h_in, zero, n, axis0), b.op("Slice", h_in, n, end, axis0)
         c_run, c_done = b.op("Slice", c_in, zero, n, axis0), b.op("Slice", c_in, n, end, axis0)
         weights = p.matrix(_np(cell.w_hidden), "w_hidden"), p.matrix(_np(cell.w_proj), "w_proj")
@@ -331,9 +343,12 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
                 bias = _np(cell.bias)[None, :]
                 bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
                 packed = g.op("Gather", g.op("Reshape", x_d, flat_shape), packed_index)  # (N, P): real positions
-                if p.int8:  # the bias goes in the integer product's own bias input
+                if p.int8 and p.int8.activations == "tensor":  # the bias goes in the integer product's own input
                     w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
                     gates_x.append(p.matmul(packed, w_input, g.const(bias[0], f"b_input{k}")))  # (N, 4C)
+                elif p.int8:  # scale and bias in the loop (`_loop_body`)
+                    w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
+                    gates_x.append((*p.matmul(packed, w_input, scaled=False), bias[0]))  # (N, 4C), (N, 1), (4C,)
                 else:
                     # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards
                     # would be another pass over the largest tensor of the model.

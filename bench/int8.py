@@ -1,0 +1,188 @@
+"""int8 on the CPU: the ways of quantizing the Loop graph, each measured against fp32 in one process.
+
+    .venv/bin/python -m bench.int8 [--model full|default] [--schemes row7-s8,row8-u8,...] [--seconds 5] [--threads 2]
+
+Builds each candidate int8 graph of the model (the full-size architecture with random weights, or the embedded
+default model) beside its fp32 export under build/bench/int8/, then prints per candidate: build seconds, file size,
+its error against fp32 on the export's check sentences (max abs, min cosine per token vector, layer 0 and the
+layers above it) and on the fixture sentences as one large batch (where a per-tensor scale is the whole batch's),
+and tokens/s at batch 1, batch 32 and length-sorted batches of 4096 padded tokens (as elmo-embed cuts a file), with
+the ratio to fp32. The engines run batch by batch in turn (fp32, then each candidate, on the same batch), so a
+noisy machine slows them alike and the ratios hold where the absolute figures do not.
+
+Candidates: the project's graph writer (model_export/onnx_graph.py: `Int8`), by activations (row7: per row, 7
+bits; row8: per row, 8 bits; tensor: per batch, DynamicQuantizeMatMul) and weights (s8 symmetric, u8 asymmetric,
+per output column), `-cnn32` keeping the char-CNN's highways and projection in fp32; and ONNX Runtime's quantizer
+(onnxruntime.quantization.quantize_dynamic on model.onnx, EnableSubgraph for the Loop bodies: `ort-...`), per
+channel or per tensor (`-pt`), reduced range (`-rr`), uint8 weights (`-u8`), the char-CNN's Conv too (`-conv`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from bench.common import BUILD, ROOT, fixture_sentences, full_size_model
+from model_export.export import CHECK_SENTENCES, INT8
+from model_export.onnx_graph import Int8, build_onnx_model
+from model_export.weights import load_bilm
+from service.canary import cosine_min, max_abs_error
+from service.engine import MANIFEST, Engine
+
+SCHEMES = {
+    "row7-s8": Int8("row7", "s8"),
+    "row8-u8": Int8("row8", "u8"),
+    "row8-s8": Int8("row8", "s8"),
+    "tensor-s8": Int8("tensor", "s8"),
+    "tensor-u8": Int8("tensor", "u8"),
+    "row7-s8-cnn32": Int8("row7", "s8", token_encoder=False),
+    "row8-u8-cnn32": Int8("row8", "u8", token_encoder=False),
+}
+# ONNX Runtime's dynamic quantizer: (per channel, reduced range, uint8 weights, ops)
+QUANTIZER = {
+    "ort": (True, False, False, ["MatMul"]),
+    "ort-pt": (False, False, False, ["MatMul"]),
+    "ort-rr": (True, True, False, ["MatMul"]),
+    "ort-u8": (True, False, True, ["MatMul"]),
+    "ort-conv": (True, False, False, ["MatMul", "Conv"]),
+}
+DEFAULT = ",".join([*SCHEMES, "ort", "ort-rr", "ort-u8"])
+BULK_TOKENS = 4096
+
+
+def ort_quantized(source: Path, out: Path, per_channel: bool, reduce_range: bool, u8: bool, ops: list[str]) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process first, once per call
+    quantize_dynamic(
+        source, out, op_types_to_quantize=ops, per_channel=per_channel, reduce_range=reduce_range,
+        weight_type=QuantType.QUInt8 if u8 else QuantType.QInt8,
+        extra_options={"EnableSubgraph": True, "MatMulConstBOnly": True},
+    )  # fmt: skip
+
+
+def candidate_folder(export: Path, name: str, graph: Path) -> Path:
+    """A folder holding the export's files (linked) with `graph` as its int8 Loop graph."""
+    folder = BUILD / "int8" / export.parent.name / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for item in export.iterdir():
+        if item.name not in (MANIFEST, "model_int8.onnx"):
+            (folder / item.name).symlink_to(item.resolve())
+    shutil.move(graph, folder / "model_int8.onnx")
+    manifest = json.loads((export / MANIFEST).read_text())
+    for entry in manifest["graphs"]:
+        if entry["precision"] == "int8":
+            entry["quantization"] = name
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def build(name: str, export: Path, model) -> tuple[Path, float]:
+    scratch = BUILD / "int8" / f"{name}.onnx"
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    if name in SCHEMES:
+        onnx.save(build_onnx_model(model, "int8", SCHEMES[name]), scratch)
+    else:
+        ort_quantized(export / "model.onnx", scratch, *QUANTIZER[name])
+    return candidate_folder(export, name, scratch), time.perf_counter() - start
+
+
+def errors(got: list[np.ndarray], want: list[np.ndarray]) -> dict[str, float]:
+    layer = lambda r, k: [x[k : k + 1] for x in r]  # noqa: E731
+    above = [cosine_min(layer(got, k), layer(want, k)) for k in range(1, want[0].shape[0])]
+    return {
+        "max_abs": max_abs_error(got, want),
+        "cos_layer0": cosine_min(layer(got, 0), layer(want, 0)),
+        "cos_above0": min(above),
+    }
+
+
+def cut(sentences: list[list[str]], kind: str) -> list[list[list[str]]]:
+    """Batches of `kind`: "1", "32" (the fixture order, lengths mixed), or "bulk" (length-sorted, 4096 tokens)."""
+    if kind != "bulk":
+        size = int(kind)
+        data = sentences * max(1, -(-size // len(sentences)))
+        return [data[i : i + size] for i in range(0, len(data), size)]
+    batches, batch = [], []
+    for sentence in sorted(sentences * 8, key=len):
+        if batch and (len(batch) + 1) * (len(sentence) + 2) > BULK_TOKENS:
+            batches.append(batch)
+            batch = []
+        batch.append(sentence)
+    return [*batches, batch]
+
+
+def in_turn(engines: dict[str, Engine], batches: list, seconds: float) -> dict[str, float]:
+    """tokens/s of each engine, running every batch with each engine in turn for about `seconds` per engine."""
+    for engine in engines.values():
+        engine.run(batches[0])  # warm
+    spent, tokens, start = dict.fromkeys(engines, 0.0), 0, time.perf_counter()
+    while time.perf_counter() - start < seconds * len(engines):
+        for batch in batches:
+            for name, engine in engines.items():
+                begin = time.perf_counter()
+                engine.run(batch)
+                spent[name] += time.perf_counter() - begin
+            tokens += sum(map(len, batch))
+    return {name: tokens / s for name, s in spent.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="full", choices=["full", "default"])
+    parser.add_argument("--schemes", default=DEFAULT, help=f"comma-separated, of {[*SCHEMES, *QUANTIZER]}")
+    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per engine and figure")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batches", default="1,32,bulk")
+    args = parser.parse_args()
+
+    if args.model == "full":
+        folder = full_size_model()
+        export, options, weights = folder / "onnx", folder / "options.json", folder / "weights.hdf5"
+    else:
+        from model_export.export import export_published
+
+        options, weights = ROOT / "models/default/options.json", ROOT / "models/default/weights.hdf5"
+        export = BUILD / "default" / "onnx"
+        if not (export / "model_int8.onnx").exists():
+            export_published(options, weights, export)
+    model = load_bilm(options, weights)
+    sentences = fixture_sentences()
+    fp32 = Engine(export, provider="cpu", intra_op_threads=args.threads)
+    want_check, want_batch = fp32.run(CHECK_SENTENCES), fp32.run(sentences)
+    print(f"model: {export.relative_to(ROOT)}; the export's own int8 graph is {INT8}")
+    print(f"{'candidate':<16}{'build s':>8}{'MB':>7}{'max abs':>9}{'cos L0':>10}{'cos >L0':>10}"
+          f"{'batch: max abs':>16}{'cos L0':>10}{'cos >L0':>10}")  # fmt: skip
+    print(f"{'fp32':<16}{'':>8}{(export / 'model.onnx').stat().st_size / 1e6:>7.1f}")
+    engines = {"fp32": fp32}
+    for name in args.schemes.split(","):
+        candidate, seconds = build(name, export, model)
+        engine = Engine(candidate, provider="cpu", precision="int8", intra_op_threads=args.threads)
+        check, batch = errors(engine.run(CHECK_SENTENCES), want_check), errors(engine.run(sentences), want_batch)
+        size = (candidate / "model_int8.onnx").stat().st_size / 1e6
+        print(
+            f"{name:<16}{seconds:>8.1f}{size:>7.1f}{check['max_abs']:>9.4f}{check['cos_layer0']:>10.6f}"
+            f"{check['cos_above0']:>10.6f}{batch['max_abs']:>16.4f}{batch['cos_layer0']:>10.6f}"
+            f"{batch['cos_above0']:>10.6f}",
+            flush=True,
+        )
+        engines[name] = engine
+    print(f"tokens/s (x fp32), each batch run by every engine in turn, {args.seconds:g} s each, {args.threads} threads")
+    for kind in args.batches.split(","):
+        rates = in_turn(engines, cut(sentences, kind), args.seconds)
+        row = "  ".join(f"{name} {rate:.0f} ({rate / rates['fp32']:.2f}x)" for name, rate in rates.items())
+        print(f"  {'bulk-like' if kind == 'bulk' else 'batch ' + kind}: {row}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
