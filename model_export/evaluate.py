@@ -3,6 +3,7 @@ different vocabularies (other sizes, other corpora) can be compared.
 
     python -m model_export.evaluate --models models/default build/train-default \
         --heldout build/corpus-all/heldout/*.txt
+    python -m model_export.evaluate --models build/train-cpu --vocabulary-of models/default --heldout ...
 
 A model's own perplexity (elmo-train's) counts every word outside its vocabulary as one class, <UNK>: a model whose
 vocabulary covers less of the text has fewer distinct words to predict and scores lower without being better.
@@ -10,6 +11,9 @@ Here every model predicts the same events: each word of the vocabulary that all 
 intersection of their vocab.txt), or "a word outside the shared vocabulary", whose probability under a model is
 its P(<UNK>) plus the probabilities of its own words outside the shared vocabulary. Reads elmo-train's output
 folders (options.json, weights.hdf5, softmax.hdf5, vocab.txt), from the zero initial state, in float32.
+`--vocabulary-of` adds folders whose vocabulary joins the shared one without being evaluated: a model measured
+earlier keeps its figures, and a new one is measured on the same events. The row `all` pools every file's
+predictions (no second pass over the text).
 """
 
 from __future__ import annotations
@@ -69,13 +73,28 @@ def shared_perplexity(
             picked = torch.where(target >= 0, log_p.gather(1, target.clamp(min=0)[:, None])[:, 0], outside_log_p)
             nll[direction] -= float(picked.sum())
         count += len(words)
-    return {d: round(math.exp(v / count), 2) for d, v in nll.items()} | {"predictions": count}
+    return {d: round(math.exp(v / count), 2) for d, v in nll.items()} | {"predictions": count, "nll": nll}
+
+
+def pooled(results: list[dict]) -> dict:
+    """The perplexity of several texts together, from each one's shared_perplexity (no second pass)."""
+    count = sum(r["predictions"] for r in results)
+    nll = {d: sum(r["nll"][d] for r in results) for d in ("forward", "backward")}
+    return {d: round(math.exp(v / count), 2) for d, v in nll.items()} | {"predictions": count, "nll": nll}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", required=True, type=Path, help="elmo-train output folders")
     parser.add_argument("--heldout", nargs="+", required=True, type=Path, help="held-out text files, one per source")
+    parser.add_argument(
+        "--vocabulary-of",
+        nargs="*",
+        default=[],
+        type=Path,
+        help="more elmo-train folders whose vocab.txt joins the shared vocabulary, not evaluated (to add a model "
+        "to a table made earlier with them)",
+    )
     parser.add_argument("--threads", type=int, help="torch threads")
     args = parser.parse_args(argv)
     if args.threads:
@@ -85,22 +104,29 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"evaluate: {err}", file=sys.stderr)
         return 1
-    shared = shared_vocabulary([v for _, v in loaded])
+    others = [Vocabulary.load(folder / "vocab.txt") for folder in args.vocabulary_of]
+    shared = shared_vocabulary([v for _, v in loaded] + others)
     sets = {path.stem: read_sentences([path]) for path in args.heldout}
-    sets["all"] = [s for path in args.heldout for s in sets[path.stem]]
-    tokens = {name: sum(map(len, s)) for name, s in sets.items()}
+    every = [s for path in args.heldout for s in sets[path.stem]]
+    tokens = {name: sum(map(len, s)) for name, s in [*sets.items(), ("all", every)]}
     known = set(shared)
     covered = {name: sum(w in known for x in s for w in x) / max(1, tokens[name]) for name, s in sets.items()}
-    print(f"shared vocabulary: {len(shared):,} words (of {', '.join(f'{len(v):,}' for _, v in loaded)})")
+    covered["all"] = sum(covered[name] * tokens[name] for name in sets) / max(1, tokens["all"])
+    sizes = ", ".join(f"{len(v):,}" for v in [v for _, v in loaded] + others)
+    print(f"shared vocabulary: {len(shared):,} words (of {sizes})")
     header = " | ".join(f"{folder} forward | backward" for folder in args.models)
     print(f"| held out | tokens | in the shared vocabulary | {header} |")
     print("|---|---|---|" + "---|---|" * len(args.models))
-    for name, sentences in sets.items():
-        cells = []
-        for model, vocab in loaded:
-            ppl = shared_perplexity(model, vocab, shared, sentences)
-            cells += [f"{ppl['forward']}", f"{ppl['backward']}"]
+    results = {}
+
+    def row(name: str, ppls: list[dict]) -> None:
+        cells = [f"{ppl[d]}" for ppl in ppls for d in ("forward", "backward")]
         print(f"| {name} | {tokens[name]:,} | {100 * covered[name]:.1f}% | {' | '.join(cells)} |", flush=True)
+
+    for name, sentences in sets.items():
+        results[name] = [shared_perplexity(model, vocab, shared, sentences) for model, vocab in loaded]
+        row(name, results[name])
+    row("all", [pooled([r[k] for r in results.values()]) for k in range(len(loaded))])
     return 0
 
 

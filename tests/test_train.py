@@ -513,3 +513,31 @@ def test_shared_vocabulary_perplexity_is_the_models_own_when_alone_and_compares_
     assert "cat" not in shared and len(shared) == len(vocab) - 2
     merged = shared_perplexity(model, vocab, shared, sentences)
     assert merged["forward"] < alone["forward"] and merged["predictions"] == alone["predictions"]
+
+
+def test_evaluate_pools_the_files_and_takes_another_models_vocabulary(trained, corpus, tmp_path, capsys):
+    """The `all` row is the files' predictions pooled (as one pass over all of them gives), and --vocabulary-of
+    narrows the shared vocabulary as that model would without evaluating it."""
+    from model_export.evaluate import load_language_model, main, pooled, shared_perplexity
+
+    model, vocab = load_language_model(trained[0])
+    lines = corpus.read_text().splitlines()[:120]
+    files = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    files[0].write_text("\n".join(lines[:50]) + "\n")
+    files[1].write_text("\n".join(lines[50:]) + "\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    Vocabulary([w for w in vocab.words if w not in ("cat", "dog")]).save(other / "vocab.txt")
+    shared = [w for w in vocab.words if w not in ("cat", "dog")]
+    parts = [shared_perplexity(model, vocab, shared, [x.split() for x in f.read_text().splitlines()]) for f in files]
+    whole = shared_perplexity(model, vocab, shared, [x.split() for x in lines])
+    together = pooled(parts)
+    assert together["predictions"] == whole["predictions"]
+    for d in ("forward", "backward"):
+        assert together[d] == pytest.approx(whole[d], abs=0.0051)
+
+    assert main(["--models", str(trained[0]), "--vocabulary-of", str(other), "--heldout", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    assert f"shared vocabulary: {len(shared):,} words" in out
+    all_row = next(line for line in out.splitlines() if line.startswith("| all |"))
+    assert all_row.split(" | ")[-2:] == [f"{together['forward']}", f"{together['backward']} |"]
