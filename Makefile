@@ -60,11 +60,13 @@ train-default: $(CORPUS)/train.txt
 		--config small --threads 1
 
 # The CPU run on the larger corpus (README: "Training on this CPU"): cpu-base (small's shape, a 32,000-word
-# softmax) for a budget of 1,700 steps on one thread, about 75 minutes of one core. Needs make corpus-packages.
+# softmax), one pass (4,087 steps) on one thread, about 2.75 hours of one core; it stops at a checkpoint after
+# TRAIN_MINUTES (default: no limit) and the same command resumes it. Needs make corpus-packages.
 CORPUS_ALL := build/corpus-all
+TRAIN_MINUTES ?=
 train-cpu: $(CORPUS_ALL)/manifest.json
 	$(BIN)/elmo-train --corpus $(CORPUS_ALL)/train/*.txt --heldout $(CORPUS_ALL)/heldout/*.txt \
-		--out build/train-cpu --config cpu-base --steps 1700 --threads 1
+		--out build/train-cpu --config cpu-base --threads 1 $(if $(TRAIN_MINUTES),--max-minutes $(TRAIN_MINUTES))
 
 # The larger corpus (README: "A larger corpus"): English text from 13 sources in Debian packages -> build/corpus-all/
 # (train/ and heldout/ per source, manifest.json), and the same as one .tar.xz to carry to a GPU machine.
