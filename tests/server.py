@@ -57,6 +57,21 @@ def launch(model_dir: Path | str | None, log: Path, settings: dict[str, str], po
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
 
+def refused_to_start(model_dir: Path | str, log: Path, settings: dict[str, str], seconds: float = 60) -> str:
+    """Start a real elmo-serve that must exit non-zero without ever listening; its output."""
+    proc = launch(model_dir, log, settings, free_port())
+    try:
+        returncode = proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"still running {seconds} s after start:\n{log.read_text()}")
+    text = log.read_text()
+    assert returncode != 0, text
+    assert "Application startup complete" not in text and "Uvicorn running" not in text, text
+    return text
+
+
 def wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -20,9 +19,7 @@ from model_export.export import CHECK_SENTENCES
 from service import canary
 from service.canary import FP32_TOLERANCE, CanaryMismatch, allowance, check, cosine_min, prove
 from service.engine import Engine
-from tests.server import counter, free_port, launch, running_server
-
-STARTUP_S = 60
+from tests.server import counter, refused_to_start, running_server
 
 
 def altered(tiny_model_dir: Path, folder: Path, graph: str, initializer: str, change) -> Path:
@@ -35,24 +32,9 @@ def altered(tiny_model_dir: Path, folder: Path, graph: str, initializer: str, ch
     return folder
 
 
-def refused(model_dir: Path, log: Path, settings: dict[str, str]) -> str:
-    """Start a real elmo-serve that must exit non-zero without ever listening; its output."""
-    proc = launch(model_dir, log, settings, free_port())
-    try:
-        returncode = proc.wait(timeout=STARTUP_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"still running {STARTUP_S} s after start:\n{log.read_text()}")
-    text = log.read_text()
-    assert returncode != 0, text
-    assert "Application startup complete" not in text and "Uvicorn running" not in text
-    return text
-
-
 def test_an_altered_int8_graph_is_refused_naming_graph_provider_and_figures(tiny_model_dir, tmp_path):
     model_dir = altered(tiny_model_dir, tmp_path / "m", "model_int8.onnx", "w_input1_scale", lambda s: s * 1.2)
-    text = refused(model_dir, tmp_path / "server.log", {"ELMO_PRECISION": "int8"})
+    text = refused_to_start(model_dir, tmp_path / "server.log", {"ELMO_PRECISION": "int8"})
     stated = next(
         g for g in json.loads((model_dir / "manifest.json").read_text())["graphs"] if g["precision"] == "int8"
     )
@@ -64,7 +46,7 @@ def test_an_altered_int8_graph_is_refused_naming_graph_provider_and_figures(tiny
 
 def test_an_altered_fp32_graph_is_refused_at_the_fp32_bar(tiny_model_dir, tmp_path):
     model_dir = altered(tiny_model_dir, tmp_path / "m", "model.onnx", "b_proj", lambda b: b + 1e-3)
-    text = refused(model_dir, tmp_path / "server.log", {})
+    text = refused_to_start(model_dir, tmp_path / "server.log", {})
     assert "graph model.onnx (fp32) on CPUExecutionProvider: canaries DISAGREE" in text, text
     assert "(allowed <= 1e-05, the fp32 bar)" in text
 
