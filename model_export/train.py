@@ -16,6 +16,8 @@ import math
 import os
 import platform
 import random
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -34,6 +36,7 @@ from model_export.weights import load_published_weights, random_bilm, write_publ
 
 CONFIGS = Path(__file__).with_name("configs")
 CHECKPOINT = "checkpoint.pt"
+PASSES = "passes"  # out/passes/N/: the model as it was after pass (epoch) N
 HELDOUT_EVERY = 50  # without --heldout, every 50th corpus line is held out
 WARMUP_SENTENCES = 2000  # training sentences whose mean final state is the warm initial state measured here
 DEVICES = ("auto", "cpu", "cuda")
@@ -158,6 +161,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
         self.state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "train_seconds": 0.0}
         self.history: dict[str, list] = {"loss": [], "epochs": []}
+        self.stop_requested = False  # set by SIGTERM / SIGINT: stop after this step, at a checkpoint
 
     # -- checkpoints: everything needed to continue exactly where training stopped
     def save_checkpoint(self) -> None:
@@ -205,8 +209,10 @@ class Trainer:
         last_checkpoint = time.monotonic()
 
         def should_stop() -> bool:
-            return (stop_after_steps is not None and self.state["step"] >= stop_after_steps) or (
-                deadline is not None and time.monotonic() > deadline
+            return (
+                self.stop_requested
+                or (stop_after_steps is not None and self.state["step"] >= stop_after_steps)
+                or (deadline is not None and time.monotonic() > deadline)
             )
 
         while self.state["epoch"] < cfg.epochs and self.state["step"] < total_steps:
@@ -253,6 +259,8 @@ class Trainer:
             if self.state["batch"] >= len(batches):  # the epoch is over; a step budget that ended inside it
                 self.state["epoch"] += 1  # leaves the position, so a rerun with a larger budget goes on from there
                 self.state["batch"] = 0
+                # Each finished pass is kept as a loadable model, so it can be measured while training goes on.
+                write_model(self.model, self.vocab, self.out_dir / PASSES / str(self.state["epoch"]))
             self.save_checkpoint()
             last_checkpoint = time.monotonic()
         return True
@@ -277,6 +285,16 @@ class Trainer:
 
 
 # -- the output folder
+
+
+def write_model(model: BiLanguageModel, vocab: Vocabulary, out_dir: Path) -> None:
+    """The published layout (options.json + weights.hdf5, what elmo-export and allennlp load) and what fine-tuning
+    with --init reads besides (vocab.txt + softmax.hdf5)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "options.json").write_text(json.dumps(model.bilm.options.to_dict(), indent=2) + "\n")
+    write_published_weights(model.bilm, out_dir / "weights.hdf5")
+    write_softmax(model, out_dir / "softmax.hdf5")
+    vocab.save(out_dir / "vocab.txt")
 
 
 def write_softmax(model: BiLanguageModel, path: Path) -> None:
@@ -478,16 +496,23 @@ def train(
         flush=True,
     )
     deadline = started + 60 * max_minutes if max_minutes is not None else None
+    if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+
+        def request_stop(*_):
+            if trainer.stop_requested:  # asked twice: stop now, losing at most checkpoint_minutes
+                raise KeyboardInterrupt
+            trainer.stop_requested = True
+            print("stopping at a checkpoint after this step (again: stop now)", flush=True)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, request_stop)
     if not trainer.fit(train_rows, heldout_rows, table, stop_after_steps, deadline):
         state = trainer.state
         return {"finished": False, "out": str(out_dir)} | {k: state[k] for k in ("epoch", "batch", "step")}
 
     model.eval()
     evaluation = evaluate(model, train_sentences, heldout_sets, table, vocab)
-    (out_dir / "options.json").write_text(json.dumps(options.to_dict(), indent=2) + "\n")
-    write_published_weights(model.bilm, out_dir / "weights.hdf5")
-    write_softmax(model, out_dir / "softmax.hdf5")
-    vocab.save(out_dir / "vocab.txt")
+    write_model(model, vocab, out_dir)
     plot_curve(trainer.history, out_dir / "training_curve.png")
     log = {
         "description": description,

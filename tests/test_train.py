@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -93,6 +95,42 @@ def test_output_folder(trained):
     assert "Held-out perplexity" in card and str(log["heldout_perplexity"]["bilm_zero_state"]["forward"]) in card
     vocab = Vocabulary.load(out / "vocab.txt")
     assert vocab.words[:3] == ["</S>", "<S>", "<UNK>"] and set(WORDS) <= set(vocab.words)
+
+
+def test_each_finished_pass_is_kept_as_a_loadable_model(trained):
+    """passes/N/ holds the model as it was after epoch N (measured while training goes on); the last one is the
+    final model, bit for bit."""
+    out, _ = trained
+    assert sorted(p.name for p in (out / "passes").iterdir()) == ["1", "2", "3"]
+    for name in ("options.json", "weights.hdf5", "vocab.txt", "softmax.hdf5"):
+        assert (out / "passes" / "3" / name).read_bytes() == (out / name).read_bytes(), name
+    with h5py.File(out / "passes" / "1" / "weights.hdf5") as first, h5py.File(out / "weights.hdf5") as last:
+        name = "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
+        assert not np.array_equal(first[name][...], last[name][...])  # pass 1 is not the trained model
+    first = out / "passes" / "1"
+    layers = torch_layers(load_bilm(first / "options.json", first / "weights.hdf5"), [["the", "cat", "sat"]])
+    assert layers[0].shape[-1] == 2 * load_options(out / "options.json").proj_dim
+
+
+def test_sigterm_stops_at_a_checkpoint_that_resumes(corpus, tmp_path):
+    """The detached CPU run is stopped with SIGTERM (or Ctrl-C): the step in progress ends, a checkpoint is
+    written, and the same command resumes from it."""
+    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
+    args = [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "m"), "--config", "tiny",
+            "--epochs", "50"]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "m" / "passes" / "1").exists():  # the run is under way: a pass is done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, output
+    assert "stopping at a checkpoint" in output
+    state = torch.load(tmp_path / "m" / "checkpoint.pt", weights_only=False)["state"]
+    assert 1 <= state["epoch"] < 50 and not (tmp_path / "m" / "weights.hdf5").exists()
+    resumed = train([corpus], tmp_path / "m", "tiny", stop_after_steps=state["step"] + 1)
+    assert resumed["step"] == state["step"] + 1  # went on from the checkpoint, not from scratch
 
 
 def test_written_weights_load_back_with_the_checkpoints_vectors(trained, tmp_path):
