@@ -33,7 +33,7 @@ import h5py
 import numpy as np
 
 from bench.common import BUILD, ROOT, fixture_sentences, full_size_model
-from service.canary import cosine_min
+from service.engine.canary import cosine_min
 
 BAR = 3.0
 ALLENNLP_SCRIPT = ROOT / "bench" / "allennlp_baseline.py"  # not imported: it stubs modules on import

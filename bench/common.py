@@ -57,8 +57,8 @@ def _export_once(options: Path, weights: Path, out: Path, window: int | None) ->
     """Export unless `out` already holds this graph version with the graphs (window, int8 scheme) an export writes
     now, and canaries: an export cached before a new graph or scheme was added is written again."""
     from model_export.export import WINDOW, export_model, graph_list
-    from model_export.onnx_graph import GRAPH_VERSION
     from model_export.weights import load_bilm
+    from service.manifest import GRAPH_VERSION
 
     window = window or WINDOW
     manifest = out / "manifest.json"

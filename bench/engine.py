@@ -20,10 +20,11 @@ import time
 import torch
 
 from bench.common import FULL_OPTIONS, fixture_sentences, full_size_model, gemm_rate
-from model_export.export import cosine_min, max_abs_error, torch_layers
+from model_export.export import torch_layers
 from model_export.options import load_options
 from model_export.weights import load_bilm
-from service.engine import Engine
+from service.engine.canary import cosine_min, max_abs_error
+from service.engine.session import Engine
 
 
 def tokens_per_s(run, sentences: list[list[str]], batch: int, min_seconds: float) -> float:

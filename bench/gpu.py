@@ -54,8 +54,11 @@ from bench.common import (
     percentiles,
     tiny_model,
 )
-from model_export.export import cosine_min, max_abs_error, torch_layers
-from service.engine import Engine, choose_providers, cuda_options, nodes_off, placed_session, read_manifest
+from model_export.export import torch_layers
+from service.engine.canary import cosine_min, max_abs_error
+from service.engine.providers import choose_providers, cuda_options, nodes_off, placed_session
+from service.engine.session import Engine
+from service.manifest import read_manifest
 
 ALLENNLP_SCRIPT = Path(__file__).resolve().parent / "allennlp_baseline.py"
 COPY_OPS = ("MemcpyToHost", "MemcpyFromHost")

@@ -33,8 +33,9 @@ from bench.common import BUILD, ROOT, fixture_sentences, full_size_model
 from model_export.export import CHECK_SENTENCES, INT8
 from model_export.onnx_graph import Int8, build_onnx_model
 from model_export.weights import load_bilm
-from service.canary import cosine_min, max_abs_error
-from service.engine import MANIFEST, Engine
+from service.engine.canary import cosine_min, max_abs_error
+from service.engine.session import Engine
+from service.manifest import MANIFEST
 
 SCHEMES = {
     "row7-s8": Int8("row7", "s8"),

@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 
 from bench.common import BUILD, ROOT, fixture_sentences, full_size_model, percentiles
-from service.engine import Engine
+from service.engine.session import Engine
 from service.metrics import STAGES
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine import Engine
+from service.engine.session import Engine
 
 MIN_SENSES = 2
 

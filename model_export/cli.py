@@ -56,7 +56,7 @@ def export_main(argv: list[str] | None = None) -> int:
         parser.error("--initial-state warm and --warmup-text FILE go together")
     if args.window < 1:
         parser.error("--window must be at least 1")
-    from service.tokenize import LANGUAGES
+    from service.text.moses import LANGUAGES
 
     if args.language not in LANGUAGES:
         parser.error(f"--language {args.language!r}: Moses has rules for {', '.join(LANGUAGES)}")

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.tokenize import tokenize
+from service.text.moses import tokenize
 
 WORDNET_DIR = Path("/usr/share/wordnet")
 PARTS_OF_SPEECH = ("noun", "verb", "adj", "adv")
@@ -159,7 +159,7 @@ def build_sources(out_dir: Path, names: list[str], sources: dict | None = None) 
     seen: set[bytes] = set()  # every kept sentence, train or held out, over all sources
     manifest = {
         "heldout_rule": f"every {HELDOUT_EVERY}th unit by crc32 of its key (model_export.corpus.source_heldout)",
-        "tokenizer": "sacremoses Moses (en), escape=False, aggressive_dash_splits=False (service.tokenize)",
+        "tokenizer": "sacremoses Moses (en), escape=False, aggressive_dash_splits=False (service.text.moses)",
         "filters": {"min_tokens": MIN_TOKENS, "max_tokens": MAX_TOKENS, "deduplicated": "exact, across sources"},
         "sources": {},
     }

@@ -4,7 +4,7 @@ The export is only written when ONNX Runtime, fed exactly as the service's engin
 PyTorch biLM on a check batch (max abs error <= 1e-5); otherwise it fails loudly. The reduced-precision graphs'
 distance from fp32 is measured on the same batch and recorded, and the check sentences stay in the folder as
 canaries with the fp32 Loop graph's layers for them, which every engine compares itself with at start-up
-(service/canary.py).
+(service/engine/canary.py).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import torch
 from model_export.bilm import BiLM
 from model_export.initial_state import mean_final_state
 from model_export.manylangs import copy_mapping, load_manylangs
-from model_export.onnx_graph import GRAPH_VERSION, OPSET, Int8, build_onnx_model, build_window_model
+from model_export.onnx_graph import OPSET, Int8, build_onnx_model, build_window_model
 from model_export.weights import load_bilm
-from service.canary import CANARIES_FILE, accuracy, cosine_min, max_abs_error, save_canaries  # noqa: F401 (re-exported)
-from service.engine import MANIFEST, Engine, sentence_keys
-from service.mapping import BILM_TF, BilmTfMapping, load_mapping
+from service.engine.canary import CANARIES_FILE, accuracy, max_abs_error, save_canaries
+from service.engine.feeds import sentence_keys
+from service.engine.session import Engine
+from service.manifest import GRAPH_VERSION, MANIFEST
+from service.text.token_ids import BILM_TF, BilmTfMapping, load_mapping
 
 TOLERANCE = 1e-5
 MODEL_FILE = "model.onnx"  # the Loop graph: the CPU's (measured faster there than the window graph)
@@ -63,7 +65,7 @@ def sha256(path: str | Path) -> str:
 
 def torch_layers(model: BiLM, sentences: list[list[str]], mapping=None) -> list[np.ndarray]:
     """The reference: each sentence's layers from the PyTorch biLM (on whichever device it is), boundary tokens
-    removed; tokens mapped to ids by `mapping` (service/mapping.py; default: the published byte mapping)."""
+    removed; tokens mapped to ids by `mapping` (service/text/token_ids.py; default: the published byte mapping)."""
     mapping = mapping or BilmTfMapping(model.options.max_chars)
     chars = np.zeros((len(sentences), max(len(s) for s in sentences) + 2, mapping.width), dtype=np.int64)
     for row, sentence in enumerate(sentences):

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from model_export.bilm import BiLM
-from service.chars import sentence_char_ids
+from service.text.chars import sentence_char_ids
 
 BATCH = 64
 

@@ -6,7 +6,7 @@ A folder holds:
     config.json             the training run's options; its `config_path` names the architecture's JSON
     <config_path>           encoder {projection_dim, dim, n_layers, cell_clip, proj_clip}, token_embedder
                             {name: cnn, activation, filters, n_highway, char_dim, word_dim, max_characters_per_token}
-    char.dic, word.dic      `entry<TAB>id` per line (service/mapping.py reads them as the package does)
+    char.dic, word.dic      `entry<TAB>id` per line (service/text/token_ids.py reads them as the package does)
     token_embedder.pkl      torch state dict: char_emb_layer.embedding.weight (n_chars, char_dim),
                             word_emb_layer.embedding.weight (n_words, word_dim), convolutions.{i}.weight/bias,
                             highways._layers.{k}.weight (2F, F) and bias: [nonlinear; gate],

@@ -18,8 +18,8 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
   tokens in both directions and never reaches them;
 * it runs a window of positions of each sentence, from a given state: the whole sentence from the initial
   state (`Engine.run`), or the next few positions of each sentence in flight, from where its last window
-  left it (service/stepper.py, continuous batching). Window by window or whole, a sentence's vectors are
-  the same bits (on CPU; tests/test_stepper.py).
+  left it (service/batching/in_flight.py, continuous batching). Window by window or whole, a sentence's
+  vectors are the same bits (on CPU; tests/test_stepper.py).
 
 Inputs:  token_chars int32 (U, token_width): char ids (and a word id), U >= 1; cached_vectors float32 (V, P), V >= 0;
          index_fwd, index_bwd int64 (B, T) into the U + V token vectors: each row's window of positions,
@@ -44,7 +44,6 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from model_export.bilm import FORGET_BIAS, BiLM
-from service.engine import GRAPH_VERSION  # noqa: F401  (re-exported: the version this module writes)
 
 OPSET = 17
 IR_VERSION = 8  # the IR of opset 17; onnx writes its newest by default, which older runtimes refuse

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-CHAR_VOCAB = 262  # the published mapping's char ids: 0 (padding) .. 261 (its padding char + 1; service/chars.py)
+CHAR_VOCAB = 262  # the published mapping's char ids: 0 (padding) .. 261 (its padding char + 1; service/text/chars.py)
 
 
 @dataclass(frozen=True)

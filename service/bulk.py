@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
-from service.engine import Engine
+from service.engine.session import Engine
 
 CHUNK_BATCHES = 32  # sort this many batches' worth of lines at a time: little padding, bounded memory
 

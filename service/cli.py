@@ -8,9 +8,9 @@ import os
 import socket
 import sys
 
-from service import canary
 from service.bulk import ALL_LINES, InputError, Shard, embed_file
-from service.engine import Engine
+from service.engine import canary
+from service.engine.session import Engine
 from service.settings import default_batch_tokens
 
 
@@ -122,12 +122,11 @@ def serve_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="default 8000 (ELMO_PORT)")
     args = parser.parse_args(argv)
 
-    import uvicorn
     from pydantic import ValidationError
 
-    from service.app import create_app, start_draining
-    from service.engine import read_manifest
-    from service.server import BoundedHttpProtocol, DrainingServer
+    from service.api.app import create_app, start_draining
+    from service.api.server import serve, uvicorn_problem
+    from service.manifest import read_manifest
     from service.settings import Settings, invalid_settings, unknown_variables
 
     given = {"model_dir": args.model, "models": args.models, "host": args.host, "port": args.port}
@@ -155,28 +154,12 @@ def serve_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    if problem := uvicorn_problem():
+        print(f"elmo-serve: {problem}", file=sys.stderr)
+        return 1
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=settings.drain_s,
-        timeout_keep_alive=settings.keep_alive_s,
-        http=BoundedHttpProtocol.configured(
-            head_timeout_s=settings.head_timeout_s,
-            max_header_bytes=settings.max_header_bytes,
-            max_headers=settings.max_headers,
-            max_pipelined=settings.max_pipelined,
-            write_timeout_s=settings.write_timeout_s,
-            answer_half_closed=settings.answer_half_closed,
-        ),
-    )
-    server = DrainingServer(config, on_signal=lambda: start_draining(app))
-    server.run()
-    return 0 if server.started else 1
+    return 0 if serve(app, settings, on_signal=lambda: start_draining(app)) else 1
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from service.batcher import BatchStats
-from service.canary import CanaryReport
+from service.batching.batcher import BatchStats
+from service.engine.canary import CanaryReport
 
 # up to a GPU's windows: 1024 rows of 32 positions, and more
 BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -61,7 +61,7 @@ class Metrics:
         self.rejected = Counter(
             "elmo_rejected", "requests refused with 503 because their model's queue was full", ["model"], registry=r
         )
-        # The start-up check of each model's engine (service/canary.py); absent for an export without canaries.
+        # The start-up check of each model's engine (service/engine/canary.py); absent for an export without canaries.
         self.canary_error = Gauge(
             "elmo_canary_max_abs_error", "start-up canaries: max abs error against the reference", ["model"],
             registry=r,

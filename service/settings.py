@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.canary import MARGIN
+from service.engine.canary import MARGIN
 
 # Tokens in flight (and per elmo-embed batch) when ELMO_BATCH_TOKENS / --batch-tokens is not given, by the engine's
 # provider: 2 CPU cores are busy with 4096 (README, Measured performance); a GPU wants far more rows at once (an

@@ -69,7 +69,7 @@ def manylangs_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(tiny_model_dir):
-    from service.engine import Engine
+    from service.engine.session import Engine
 
     return Engine(tiny_model_dir, provider="cpu", intra_op_threads=2)
 

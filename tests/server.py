@@ -111,7 +111,7 @@ def running_server(
         stop(proc)
 
 
-# Under /v1/ the service answers as OpenAI does: 400 where its own routes answer 413 or 422 (service/openai_errors.py).
+# Under /v1/ the service answers as OpenAI does: 400 where its own routes answer 413 or 422 (service/api/errors.py).
 OPENAI_STATUS = {413: 400, 422: 400}
 
 

@@ -1,5 +1,5 @@
-"""The batcher with the real tiny engine and stepper: who gets which rows, how sentences join and leave the
-windows, the token budget, back-pressure, cancellation, failures and shutdown. The stepper is wrapped to record
+"""The batcher with the real tiny engine and in_flight: who gets which rows, how sentences join and leave the
+windows, the token budget, back-pressure, cancellation, failures and shutdown. The in_flight is wrapped to record
 every window it runs, and can be held (a threading.Event) so that requests pile up deterministically while it is
 busy; a sentence holding a poison token makes a window (or a whole retry) fail."""
 
@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatchStats, QueueFull, TooLarge
-from service.stepper import Stepper
+from service.batching.batcher import Batcher, BatchStats, LargerThanQueue, QueueFull
+from service.batching.in_flight import InFlight
 
 T = TypeVar("T")
 TIMEOUT_S = 20.0  # a test that would hang fails after this instead
@@ -26,8 +26,8 @@ class EngineFailure(RuntimeError):
     pass
 
 
-class RecordingStepper(Stepper):
-    """A real stepper that records the sentences of each window (and each admission); `hold()` makes the next
+class RecordingStepper(InFlight):
+    """A real in_flight that records the sentences of each window (and each admission); `hold()` makes the next
     window wait until `release()`; a window with `poison` in flight, or with more than `max_rows` rows,
     raises (the latter like a GPU out of memory, which cannot happen on this CPU-only machine)."""
 
@@ -62,7 +62,7 @@ class RecordingStepper(Stepper):
         self.lengths.append(window)
         self.entered.set()
         if not self._gate.wait(TIMEOUT_S):
-            raise RuntimeError("the test never released the stepper")
+            raise RuntimeError("the test never released the in_flight")
         if self.poison is not None and any(self.poison in s for s in sentences):
             raise EngineFailure("boom")
         if self.max_rows is not None and len(sentences) > self.max_rows:
@@ -71,7 +71,7 @@ class RecordingStepper(Stepper):
 
 
 class RecordingRun:
-    """engine.run for the whole retries after a failed window, recording each call; fails like the stepper."""
+    """engine.run for the whole retries after a failed window, recording each call; fails like the in_flight."""
 
     def __init__(self, engine, poison: str | None = None, max_rows: int | None = None):
         self.engine, self.poison, self.max_rows = engine, poison, max_rows
@@ -88,12 +88,12 @@ class RecordingRun:
 
 def make(engine, batch_tokens=4096, max_wait_s=0.0, queue_tokens=100_000, window=4, poison=None, max_rows=None,
          stats=None) -> tuple[Batcher, RecordingStepper, RecordingRun]:  # fmt: skip
-    stepper = RecordingStepper(engine, window, poison, max_rows)
+    in_flight = RecordingStepper(engine, window, poison, max_rows)
     run = RecordingRun(engine, poison, max_rows)
     on_batch = None if stats is None else stats.append
-    batcher = Batcher(run, stepper, batch_tokens, max_wait_s, queue_tokens, on_batch=on_batch)
+    batcher = Batcher(run, in_flight, batch_tokens, max_wait_s, queue_tokens, on_batch=on_batch)
     batcher.start()
-    return batcher, stepper, run
+    return batcher, in_flight, run
 
 
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -114,22 +114,22 @@ async def wait_until(condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.001)
 
 
-async def start_blocked(batcher: Batcher, stepper: RecordingStepper) -> asyncio.Task:
+async def start_blocked(batcher: Batcher, in_flight: RecordingStepper) -> asyncio.Task:
     """Send a request of its own and hold the engine on its first window: everything sent next waits."""
-    stepper.hold()
+    in_flight.hold()
     blocker = asyncio.ensure_future(batcher.embed([BLOCKER]))
-    await wait_until(stepper.entered.is_set)
+    await wait_until(in_flight.entered.is_set)
     assert batcher.busy and batcher.queued_tokens == 0
     return blocker
 
 
-async def queued_behind_a_blocker(batcher: Batcher, stepper: RecordingStepper, requests) -> list:
+async def queued_behind_a_blocker(batcher: Batcher, in_flight: RecordingStepper, requests) -> list:
     """Queue every request while the engine is held on a blocker, then let it go; stops the batcher and returns
     the requests' results (without the blocker's, which is answered too)."""
-    blocker = await start_blocked(batcher, stepper)
+    blocker = await start_blocked(batcher, in_flight)
     tasks = [asyncio.ensure_future(batcher.embed(r)) for r in requests]
     await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
-    stepper.release()
+    in_flight.release()
     results = await asyncio.gather(blocker, *tasks)
     await batcher.stop()
     return results[1:]
@@ -161,7 +161,7 @@ def test_every_request_gets_its_own_rows(engine):
     requests = [make_sentences(random.Random(i).randint(1, 5), seed=i) for i in range(24)]
 
     async def main():
-        batcher, stepper, _ = make(engine, batch_tokens=64, max_wait_s=0.002)
+        batcher, in_flight, _ = make(engine, batch_tokens=64, max_wait_s=0.002)
         # Some arrive together, some a little later: windows mix requests in every way.
         first = [asyncio.ensure_future(batcher.embed(r)) for r in requests[:12]]
         await asyncio.sleep(0)
@@ -171,39 +171,39 @@ def test_every_request_gets_its_own_rows(engine):
             await asyncio.sleep(0.001)
         results = await asyncio.gather(*first, *later)
         await batcher.stop()
-        return stepper, results
+        return in_flight, results
 
-    stepper, results = run(main)
+    in_flight, results = run(main)
     for sentences, got in zip(requests, results, strict=True):
         assert_own_rows(engine, sentences, got)
     # Every sentence joined exactly once, and windows held several requests' sentences.
-    assert sorted(map(tuple, stepper.admitted)) == sorted(tuple(s) for r in requests for s in r)
-    assert max(len({id(s) for s in w}) for w in stepper.windows) > 1
+    assert sorted(map(tuple, in_flight.admitted)) == sorted(tuple(s) for r in requests for s in r)
+    assert max(len({id(s) for s in w}) for w in in_flight.windows) > 1
 
 
 def test_a_newcomer_joins_sentences_in_flight_and_leaves_before_them(engine):
     long, other, short = ["long"] * 30, ["other"] * 30, ["short", "one"]  # 32 positions: 8 windows of 4
 
     async def main():
-        batcher, stepper, _ = make(engine, window=4, max_wait_s=0.5)  # the two long ones start together
-        stepper.hold()
+        batcher, in_flight, _ = make(engine, window=4, max_wait_s=0.5)  # the two long ones start together
+        in_flight.hold()
         first = [asyncio.ensure_future(batcher.embed([s])) for s in (long, other)]
-        await wait_until(stepper.entered.is_set)  # the long ones are in their first window
+        await wait_until(in_flight.entered.is_set)  # the long ones are in their first window
         second = asyncio.ensure_future(batcher.embed([short]))
         await wait_until(lambda: batcher.queued_tokens == 4)
-        stepper.hold_at = 3  # the long ones wait in their third window until the short one is answered
-        stepper.release()
+        in_flight.hold_at = 3  # the long ones wait in their third window until the short one is answered
+        in_flight.release()
         got_short = await second
-        await wait_until(lambda: len(stepper.windows) == 3)
+        await wait_until(lambda: len(in_flight.windows) == 3)
         assert not any(f.done() for f in first)  # answered while the long ones are still computing
-        stepper.release()
+        in_flight.release()
         got_long = await asyncio.gather(*first)
         await batcher.stop()
-        return stepper, got_long, got_short
+        return in_flight, got_long, got_short
 
-    stepper, got_long, got_short = run(main)
-    assert stepper.windows[:2] == [[long, other], [long, other, short]]  # joined at the next window
-    assert all(w == [long, other] for w in stepper.windows[2:]) and len(stepper.windows) == 8
+    in_flight, got_long, got_short = run(main)
+    assert in_flight.windows[:2] == [[long, other], [long, other, short]]  # joined at the next window
+    assert all(w == [long, other] for w in in_flight.windows[2:]) and len(in_flight.windows) == 8
     assert_own_rows(engine, [long, other], [g[0] for g in got_long])
     assert_own_rows(engine, [short], got_short)
 
@@ -212,31 +212,31 @@ def test_a_lone_sentence_with_no_one_waiting_runs_to_its_end_in_one_call(engine)
     long = ["long"] * 30
 
     async def main():
-        batcher, stepper, _ = make(engine, window=4)
+        batcher, in_flight, _ = make(engine, window=4)
         got = await batcher.embed([long])
         await batcher.stop()
-        return stepper, got
+        return in_flight, got
 
-    stepper, got = run(main)
-    assert stepper.windows == [[long]]
+    in_flight, got = run(main)
+    assert in_flight.windows == [[long]]
     assert_own_rows(engine, [long], got)
 
 
 def test_on_the_window_graph_every_call_is_its_window_and_the_stats_count_what_ran(tiny_model_dir, engine):
-    from service.engine import Engine
+    from service.engine.session import Engine
 
     window_engine = Engine(tiny_model_dir, provider="cpu", graph="window")
     long, short = ["long"] * 70, ["short"] * 3  # 72 positions: 3 windows of 32; 5 positions
     stats: list[BatchStats] = []
 
     async def main():
-        batcher, stepper, _ = make(window_engine, window=4, stats=stats)
+        batcher, in_flight, _ = make(window_engine, window=4, stats=stats)
         got = await asyncio.gather(batcher.embed([long]), batcher.embed([short]))
         await batcher.stop()
-        return stepper, got
+        return in_flight, got
 
-    stepper, (got_long, got_short) = run(main)
-    assert stepper.lengths == [32, 32, 32]  # not the lone sentence's 72, nor an early end at the short one's 5
+    in_flight, (got_long, got_short) = run(main)
+    assert in_flight.lengths == [32, 32, 32]  # not the lone sentence's 72, nor an early end at the short one's 5
     assert [(s.sentences, s.real_tokens, s.padded_tokens) for s in stats] == [(2, 37, 64), (1, 32, 32), (1, 8, 32)]
     assert_own_rows(engine, [long], got_long)  # the Loop graph's numbers, within 1e-6
     assert_own_rows(engine, [short], got_short)
@@ -246,14 +246,14 @@ def test_a_window_ends_early_where_a_sentence_ends_so_its_slot_refills(engine):
     five, long = ["five", "tokens", "in", "this", "one"], ["long"] * 20  # 7 and 22 positions
 
     async def main():
-        batcher, stepper, _ = make(engine, window=4, max_wait_s=0.5)  # both start together
+        batcher, in_flight, _ = make(engine, window=4, max_wait_s=0.5)  # both start together
         got = await asyncio.gather(batcher.embed([five]), batcher.embed([long]))
         await batcher.stop()
-        return stepper, got
+        return in_flight, got
 
-    stepper, (got_five, got_long) = run(main)
+    in_flight, (got_five, got_long) = run(main)
     # 4 positions, then the 3 left of the short one (at least half a window), then the long one alone runs to its end.
-    assert stepper.lengths == [4, 3, 15] and stepper.windows == [[five, long], [five, long], [long]]
+    assert in_flight.lengths == [4, 3, 15] and in_flight.windows == [[five, long], [five, long], [long]]
     assert_own_rows(engine, [five], got_five)
     assert_own_rows(engine, [long], got_long)
 
@@ -265,18 +265,18 @@ def test_sentences_in_flight_stay_within_the_token_budget_and_join_in_order(engi
     stats: list[BatchStats] = []
 
     async def main():
-        batcher, stepper, _ = make(engine, batch_tokens=batch_tokens, stats=stats)
-        return stepper, await queued_behind_a_blocker(batcher, stepper, requests)
+        batcher, in_flight, _ = make(engine, batch_tokens=batch_tokens, stats=stats)
+        return in_flight, await queued_behind_a_blocker(batcher, in_flight, requests)
 
-    stepper, results = run(main)
+    in_flight, results = run(main)
     for sentences, got in zip(requests, results, strict=True):
         assert_own_rows(engine, sentences, got)
-    for window in stepper.windows:
+    for window in in_flight.windows:
         assert sentence_tokens(window) <= batch_tokens or len(window) == 1, window
-    assert [["long"] * 45] in stepper.windows  # ran alone
-    assert stepper.admitted == [BLOCKER] + [s for r in requests for s in r]  # in the order they came
+    assert [["long"] * 45] in in_flight.windows  # ran alone
+    assert in_flight.admitted == [BLOCKER] + [s for r in requests for s in r]  # in the order they came
     # The metrics hook sees every window: its rows and the positions it computed.
-    assert [s.sentences for s in stats] == [len(w) for w in stepper.windows]
+    assert [s.sentences for s in stats] == [len(w) for w in in_flight.windows]
     assert sum(s.real_tokens for s in stats) == sentence_tokens([BLOCKER] + [s for r in requests for s in r])
 
 
@@ -284,14 +284,14 @@ def test_a_request_larger_than_the_budget_is_spread_and_answered_in_order(engine
     sentences = make_sentences(30, seed=7, max_len=10)
 
     async def main():
-        batcher, stepper, _ = make(engine, batch_tokens=24)
+        batcher, in_flight, _ = make(engine, batch_tokens=24)
         got = await batcher.embed(sentences)
         await batcher.stop()
-        return stepper, got
+        return in_flight, got
 
-    stepper, got = run(main)
-    assert max(len(w) for w in stepper.windows) < len(sentences)
-    assert stepper.admitted == sentences
+    in_flight, got = run(main)
+    assert max(len(w) for w in in_flight.windows) < len(sentences)
+    assert in_flight.admitted == sentences
     assert_own_rows(engine, sentences, got)  # in the request's order, not the order they finished
 
 
@@ -299,32 +299,32 @@ def test_an_idle_engine_waits_for_company_until_the_budget_is_full(engine):
     a, b = [["one", "two", "three", "four"]], [["five", "six", "seven", "eight"]]
 
     async def main():
-        batcher, stepper, _ = make(engine, batch_tokens=2 * 6, max_wait_s=TIMEOUT_S)
+        batcher, in_flight, _ = make(engine, batch_tokens=2 * 6, max_wait_s=TIMEOUT_S)
         first = asyncio.ensure_future(batcher.embed(a))
         await wait_until(lambda: batcher.queued_tokens == 6)
         for _ in range(20):
             await asyncio.sleep(0)
-        assert stepper.windows == [] and not first.done()  # still waiting for company
+        assert in_flight.windows == [] and not first.done()  # still waiting for company
         results = await asyncio.gather(first, batcher.embed(b))
         await batcher.stop()
-        return stepper, results
+        return in_flight, results
 
-    stepper, (got_a, got_b) = run(main)
-    assert stepper.windows[0] == a + b
+    in_flight, (got_a, got_b) = run(main)
+    assert in_flight.windows[0] == a + b
     assert_own_rows(engine, a, got_a)
     assert_own_rows(engine, b, got_b)
 
 
 def test_a_lone_request_goes_when_max_wait_is_over(engine):
     async def main():
-        batcher, stepper, _ = make(engine, batch_tokens=100_000, max_wait_s=0.01)
+        batcher, in_flight, _ = make(engine, batch_tokens=100_000, max_wait_s=0.01)
         got = await batcher.embed([["alone"]])
         again = await batcher.embed([["again", "alone"]])
         await batcher.stop()
-        return stepper, got, again
+        return in_flight, got, again
 
-    stepper, got, again = run(main)
-    assert stepper.admitted == [["alone"], ["again", "alone"]]
+    in_flight, got, again = run(main)
+    assert in_flight.admitted == [["alone"], ["again", "alone"]]
     assert_own_rows(engine, [["alone"]], got)
     assert_own_rows(engine, [["again", "alone"]], again)
 
@@ -333,37 +333,37 @@ def test_queue_full_is_raised_at_once_and_clears_after_draining(engine):
     eight = ["w"] * 8  # 10 tokens with its boundaries
 
     async def main():
-        batcher, stepper, _ = make(engine, queue_tokens=20)
-        blocker = await start_blocked(batcher, stepper)
+        batcher, in_flight, _ = make(engine, queue_tokens=20)
+        blocker = await start_blocked(batcher, in_flight)
         first = asyncio.ensure_future(batcher.embed([eight]))
         second = asyncio.ensure_future(batcher.embed([eight]))
         await wait_until(lambda: batcher.queued_tokens == 20)  # exactly full is still accepted
         with pytest.raises(QueueFull):
             await batcher.embed([["x"]])
-        with pytest.raises(TooLarge, match=r"21 tokens .* the limit is 20"):
+        with pytest.raises(LargerThanQueue, match=r"21 tokens .* the limit is 20"):
             await batcher.embed([["x"] * 19])  # would never fit, even in an empty queue: no use retrying
         # Refused at once: the engine is still held, nothing was added, nothing else ran.
-        assert len(stepper.windows) == 1 and batcher.queued_tokens == 20
-        stepper.release()
+        assert len(in_flight.windows) == 1 and batcher.queued_tokens == 20
+        in_flight.release()
         results = await asyncio.gather(blocker, first, second)
         assert batcher.queued_tokens == 0
         again = await batcher.embed([["x"], eight])  # 13 tokens: accepted now
         await batcher.stop()
-        return stepper, results, again
+        return in_flight, results, again
 
-    stepper, results, again = run(main)
+    in_flight, results, again = run(main)
     assert_own_rows(engine, [eight], results[1])
     assert_own_rows(engine, [eight], results[2])
     assert_own_rows(engine, [["x"], eight], again)
-    assert ["x"] * 19 not in stepper.admitted
+    assert ["x"] * 19 not in in_flight.admitted
 
 
 def test_a_cancelled_request_never_reaches_the_engine(engine):
     gone, stays = ["client", "went", "away"], ["still", "here"]
 
     async def main():
-        batcher, stepper, _ = make(engine, queue_tokens=1000)
-        blocker = await start_blocked(batcher, stepper)
+        batcher, in_flight, _ = make(engine, queue_tokens=1000)
+        blocker = await start_blocked(batcher, in_flight)
         cancelled = asyncio.ensure_future(batcher.embed([gone, gone]))
         kept = asyncio.ensure_future(batcher.embed([stays]))
         await wait_until(lambda: batcher.queued_tokens == 2 * 5 + 4)
@@ -371,14 +371,14 @@ def test_a_cancelled_request_never_reaches_the_engine(engine):
         await asyncio.gather(cancelled, return_exceptions=True)
         assert cancelled.cancelled()
         assert batcher.queued_tokens == 4  # its tokens left the queue with it
-        stepper.release()
+        in_flight.release()
         await asyncio.gather(blocker, kept)
         await batcher.stop()
-        return stepper, kept.result()
+        return in_flight, kept.result()
 
-    stepper, kept = run(main)
-    assert gone not in stepper.admitted
-    assert stepper.admitted == [BLOCKER, stays]
+    in_flight, kept = run(main)
+    assert gone not in in_flight.admitted
+    assert in_flight.admitted == [BLOCKER, stays]
     assert_own_rows(engine, [stays], kept)
 
 
@@ -386,21 +386,21 @@ def test_a_request_cancelled_in_flight_is_dropped_before_the_next_window(engine)
     leaves, stays = ["a"] * 20, ["b"] * 20  # 22 positions: 6 windows of 4
 
     async def main():
-        batcher, stepper, _ = make(engine, window=4)
-        stepper.hold()
+        batcher, in_flight, _ = make(engine, window=4)
+        in_flight.hold()
         gone = asyncio.ensure_future(batcher.embed([leaves]))
         kept = asyncio.ensure_future(batcher.embed([stays]))
-        await wait_until(lambda: len(stepper.windows) == 1)  # both in their first window
+        await wait_until(lambda: len(in_flight.windows) == 1)  # both in their first window
         gone.cancel()
         await asyncio.gather(gone, return_exceptions=True)
-        stepper.release()
+        in_flight.release()
         got = await kept
         await batcher.stop()
-        return stepper, got, gone
+        return in_flight, got, gone
 
-    stepper, got, gone = run(main)
+    in_flight, got, gone = run(main)
     assert gone.cancelled()
-    assert stepper.windows[0] == [leaves, stays] and all(w == [stays] for w in stepper.windows[1:])
+    assert in_flight.windows[0] == [leaves, stays] and all(w == [stays] for w in in_flight.windows[1:])
     assert_own_rows(engine, [stays], got)
 
 
@@ -408,11 +408,11 @@ def test_a_failed_window_is_run_again_in_halves_and_only_the_failing_sentence_fa
     poisoned, neighbour, fine = ["BOOM", "x"], ["y", "z"], ["fine"] * 3
 
     async def main():
-        batcher, stepper, retries = make(engine, poison="BOOM")
-        blocker = await start_blocked(batcher, stepper)
+        batcher, in_flight, retries = make(engine, poison="BOOM")
+        blocker = await start_blocked(batcher, in_flight)
         tasks = [asyncio.ensure_future(batcher.embed(r)) for r in ([poisoned], [neighbour], [fine, poisoned])]
         await wait_until(lambda: batcher.queued_tokens == 4 + 4 + 5 + 4)
-        stepper.release()
+        in_flight.release()
         results = await asyncio.gather(blocker, *tasks, return_exceptions=True)
         after = await batcher.embed([neighbour, fine])  # still serving
         await batcher.stop()
@@ -432,8 +432,8 @@ def test_an_out_of_memory_window_is_answered_in_smaller_batches(engine):
     requests = [make_sentences(3, seed=400 + i, max_len=6) for i in range(5)]
 
     async def main():
-        batcher, stepper, retries = make(engine, max_rows=3)
-        return retries, await queued_behind_a_blocker(batcher, stepper, requests)
+        batcher, in_flight, retries = make(engine, max_rows=3)
+        return retries, await queued_behind_a_blocker(batcher, in_flight, requests)
 
     retries, results = run(main)
     for sentences, got in zip(requests, results, strict=True):
@@ -453,15 +453,15 @@ def test_stop_finishes_queued_work_first(engine):
         return result
 
     async def main():
-        batcher, stepper, _ = make(engine, batch_tokens=32)
-        blocker = await start_blocked(batcher, stepper)
+        batcher, in_flight, _ = make(engine, batch_tokens=32)
+        blocker = await start_blocked(batcher, in_flight)
         tasks = [asyncio.ensure_future(request(batcher, i)) for i in range(len(requests))]
         await wait_until(lambda: batcher.queued_tokens == sentence_tokens(s for r in requests for s in r))
         stopping = asyncio.ensure_future(batcher.stop())
         for _ in range(20):
             await asyncio.sleep(0)
         assert not stopping.done()  # it cannot be done while work is queued
-        stepper.release()
+        in_flight.release()
         await stopping
         order.append("stopped")
         await blocker
@@ -475,20 +475,20 @@ def test_stop_finishes_queued_work_first(engine):
 
 def test_an_empty_request_is_answered_at_once(engine):
     async def main():
-        batcher, stepper, _ = make(engine, queue_tokens=100)
+        batcher, in_flight, _ = make(engine, queue_tokens=100)
         got = await batcher.embed([])
         after = await batcher.embed([["ok"]])
         await batcher.stop()
-        return stepper, got, after
+        return in_flight, got, after
 
-    stepper, got, after = run(main)
+    in_flight, got, after = run(main)
     assert got == []
-    assert stepper.admitted == [["ok"]]
+    assert in_flight.admitted == [["ok"]]
     assert_own_rows(engine, [["ok"]], after)
 
 
 class AdmitFails(RecordingStepper):
-    """A stepper that cannot take a sentence holding "HUGE" in (like running out of memory for its buffers)."""
+    """A in_flight that cannot take a sentence holding "HUGE" in (like running out of memory for its buffers)."""
 
     def admit(self, sentences, tags) -> None:
         if any("HUGE" in s for s in sentences):
@@ -500,16 +500,16 @@ def test_a_failure_while_sentences_join_runs_them_and_those_in_flight_again_whol
     huge, other, another = ["HUGE", "one"], ["in", "flight", "already"] * 4, ["also", "in", "flight"] * 4
 
     async def main():
-        stepper = AdmitFails(engine, window=4)
+        in_flight = AdmitFails(engine, window=4)
         retries = RecordingRun(engine)
-        batcher = Batcher(retries, stepper, 4096, 0.5, 100_000)
+        batcher = Batcher(retries, in_flight, 4096, 0.5, 100_000)
         batcher.start()
-        stepper.hold()
+        in_flight.hold()
         first = [asyncio.ensure_future(batcher.embed([s])) for s in (other, another)]  # start together
-        await wait_until(stepper.entered.is_set)
+        await wait_until(in_flight.entered.is_set)
         second = asyncio.ensure_future(batcher.embed([huge]))
         await wait_until(lambda: batcher.queued_tokens == 4)
-        stepper.release()
+        in_flight.release()
         got = await asyncio.gather(*first, second)
         after = await batcher.embed([["still", "serving"]])  # the engine thread lives on
         await batcher.stop()
@@ -530,18 +530,18 @@ def test_clients_take_turns(engine):
     b, c = make_sentences(2, seed=3), make_sentences(1, seed=4)
 
     async def main():
-        batcher, stepper, _ = make(engine, batch_tokens=10_000)
-        blocker = await start_blocked(batcher, stepper)
+        batcher, in_flight, _ = make(engine, batch_tokens=10_000)
+        blocker = await start_blocked(batcher, in_flight)
         tasks = [asyncio.ensure_future(batcher.embed(r, client)) for r, client in ((a1, "a"), (a2, "a"), (b, "b"),
                                                                                    (c, "c"))]  # fmt: skip
         await wait_until(lambda: batcher.queued_tokens == sentence_tokens([*a1, *a2, *b, *c]))
-        stepper.release()
+        in_flight.release()
         results = await asyncio.gather(blocker, *tasks)
         await batcher.stop()
-        return stepper, results[1:]
+        return in_flight, results[1:]
 
-    stepper, results = run(main)
+    in_flight, results = run(main)
     for sentences, got in zip((a1, a2, b, c), results, strict=True):
         assert_own_rows(engine, sentences, got)
     a = [*a1, *a2]
-    assert stepper.admitted == [BLOCKER, a[0], b[0], c[0], a[1], b[1], *a[2:]]
+    assert in_flight.admitted == [BLOCKER, a[0], b[0], c[0], a[1], b[1], *a[2:]]

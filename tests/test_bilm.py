@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model_export.export import torch_layers
-from service.chars import token_char_ids
+from service.text.chars import token_char_ids
 from tests.conftest import max_error
 
 

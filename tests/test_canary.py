@@ -16,9 +16,9 @@ import pytest
 from onnx import numpy_helper
 
 from model_export.export import CHECK_SENTENCES
-from service import canary
-from service.canary import FP32_TOLERANCE, CanaryMismatch, allowance, check, cosine_min, prove
-from service.engine import Engine
+from service.engine import canary
+from service.engine.canary import FP32_TOLERANCE, CanaryMismatch, allowance, check, cosine_min, prove
+from service.engine.session import Engine
 from tests.server import counter, refused_to_start, running_server
 
 
@@ -149,16 +149,16 @@ class FakeCudaSession:
 
 
 def fake_cuda(monkeypatch, spoil: float = 0.0, placement: str = "") -> None:
-    import service.engine
+    from service.engine import providers
 
-    real_open = service.engine._open
-    monkeypatch.setattr(service.engine, "choose_providers", lambda _: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    real_open = providers._open
+    monkeypatch.setattr(providers, "choose_providers", lambda _: ["CUDAExecutionProvider", "CPUExecutionProvider"])
 
     def cuda_open(info, cuda, graph, precision, options, device_id, cuda_graphs):
         chosen, session, _ = real_open(info, False, "loop" if graph == "auto" else graph, precision, options, 0, False)
         return chosen, FakeCudaSession(session, spoil), placement
 
-    monkeypatch.setattr(service.engine, "_open", cuda_open)
+    monkeypatch.setattr(providers, "_open", cuda_open)
 
 
 PLACEMENT = "\n".join(

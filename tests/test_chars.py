@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from service.chars import MAX_CHARS, char_key, sentence_char_ids, token_char_ids
+from service.text.chars import MAX_CHARS, char_key, sentence_char_ids, token_char_ids
 
 BOW, EOW, PAD = 259, 260, 261  # 258, 259, 260 shifted by +1
 

@@ -341,7 +341,7 @@ def container_port(container: dict, port) -> int:
 
 
 def test_kubernetes_deployment_probes_the_real_health_routes(kube):
-    from service.app import create_app
+    from service.api.app import create_app
 
     routes = {route.path for route in create_app(Settings()).routes}
     pod = kube["Deployment"]["spec"]["template"]["spec"]

@@ -11,19 +11,10 @@ import numpy as np
 import orjson
 import pytest
 
-from service import encode
-from service.encode import (
-    BYTES_PER_NUMBER,
-    PIECE_NUMBERS,
-    Abandoned,
-    Base64,
-    answer_bytes,
-    encode_in_parts,
-    json_response,
-    npz_body,
-    respond,
-    wants_npz,
-)
+from service.admission import BYTES_PER_NUMBER, answer_bytes
+from service.api import answers as encode
+from service.api.answers import PIECE_NUMBERS, Base64, encode_in_parts, json_response, npz_body, respond, wants_npz
+from service.api.cancellation import Abandoned
 
 RNG = np.random.default_rng(0)
 

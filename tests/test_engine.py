@@ -7,17 +7,13 @@ import shutil
 import numpy as np
 import pytest
 
-from service.chars import token_char_ids
-from service.engine import (
-    Engine,
-    TokenCache,
-    check_single_runtime,
-    choose_providers,
-    encode_windows,
-    read_manifest,
-    sentence_keys,
-)
-from service.mapping import BilmTfMapping
+from service.engine.feeds import encode_windows, sentence_keys
+from service.engine.providers import check_single_runtime, choose_providers
+from service.engine.session import Engine
+from service.engine.token_cache import TokenCache
+from service.manifest import read_manifest
+from service.text.chars import token_char_ids
+from service.text.token_ids import BilmTfMapping
 
 BYTES = BilmTfMapping(50)  # the published byte mapping
 
@@ -130,7 +126,9 @@ def test_cuda_provider_asked_for_without_a_gpu(monkeypatch):
 @pytest.mark.filterwarnings("ignore:Specified provider")
 def test_cuda_asked_for_but_not_started_is_refused(tiny_model_dir, monkeypatch):
     # onnxruntime-gpu that lists CUDA but cannot start it (no GPU visible) falls back to the CPU: refuse that.
-    monkeypatch.setattr("service.engine.choose_providers", lambda _: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(
+        "service.engine.providers.choose_providers", lambda _: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
     with pytest.raises(RuntimeError, match="fell back to CPUExecutionProvider"):
         Engine(tiny_model_dir, provider="cuda")
 
@@ -142,7 +140,7 @@ def test_missing_model_folder_says_so(tmp_path):
 
 def test_cpu_and_gpu_runtimes_together_are_refused(monkeypatch):
     check_single_runtime()  # this environment has exactly one
-    monkeypatch.setattr("service.engine.metadata.version", lambda name: "1.0")  # pretend both are installed
+    monkeypatch.setattr("service.engine.providers.metadata.version", lambda name: "1.0")  # pretend both are installed
     with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
         check_single_runtime()
 
@@ -165,7 +163,9 @@ def test_a_broken_manifest_says_what_is_wrong(tmp_path, manifest, message):
 def test_auto_without_a_usable_gpu_serves_the_cpus_graph(tiny_model_dir, engine, monkeypatch):
     # onnxruntime-gpu on a host whose GPU cannot start: "auto" falls back to the CPU, and to the CPU's graph there
     # (the window graph's state store would be asked for on a device that is not there).
-    monkeypatch.setattr("service.engine.choose_providers", lambda _: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(
+        "service.engine.providers.choose_providers", lambda _: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
     fallen = Engine(tiny_model_dir, provider="auto")
     assert (fallen.provider, fallen.device, fallen.graph.kind) == ("CPUExecutionProvider", "cpu", "loop")
     np.testing.assert_array_equal(fallen.run([["still", "exact"]])[0], engine.run([["still", "exact"]])[0])

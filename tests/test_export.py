@@ -12,7 +12,7 @@ from model_export import export as export_module
 from model_export.export import ExportError, export_model, torch_layers
 from model_export.options import load_options
 from model_export.weights import random_bilm
-from service.engine import Engine
+from service.engine.session import Engine
 from tests.conftest import max_error
 
 

@@ -19,7 +19,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
-from service.app import create_app
+from service.api.app import create_app
 from service.settings import Settings
 from tests.server import running_server
 

@@ -286,13 +286,14 @@ def test_eight_punctuation_bombs_at_once_are_refused_in_bounded_memory(server, c
 
 
 def test_moses_never_runs_on_a_text_that_is_refused(tiny_model_dir, monkeypatch):
-    import service.app
+    from service.api import embedding
+    from service.api.app import create_app
     from service.settings import Settings
 
     read = []  # the lengths of the texts Moses was given
-    monkeypatch.setattr(service.app, "tokenize", lambda text, language="en": read.append(len(text)) or text.split())
+    monkeypatch.setattr(embedding, "tokenize", lambda text, language="en": read.append(len(text)) or text.split())
     settings = Settings(model_dir=tiny_model_dir, provider="cpu", intra_op_threads=1, inter_op_threads=1)
-    app = service.app.create_app(settings)
+    app = create_app(settings)
 
     async def send_all():  # in this process, so that the spy sees every call
         async with (

@@ -11,8 +11,8 @@ import torch
 from model_export.export import export_published, torch_layers
 from model_export.initial_state import mean_final_state
 from model_export.weights import load_bilm
-from service.chars import sentence_char_ids
-from service.engine import Engine
+from service.engine.session import Engine
+from service.text.chars import sentence_char_ids
 from tests.conftest import max_error
 
 # Lengths 7, 5, 6, 1, and 70 sentences of length 3: groups of one, and a group larger than a batch of 64.

@@ -12,11 +12,12 @@ import numpy as np
 import onnx
 import pytest
 
-from model_export.export import CHECK_SENTENCES, cosine_min, max_abs_error
+from model_export.export import CHECK_SENTENCES
 from model_export.onnx_graph import Int8, build_onnx_model
+from service.batching.in_flight import InFlight
 from service.bulk import read_embeddings
-from service.engine import Engine
-from service.stepper import Stepper
+from service.engine.canary import cosine_min, max_abs_error
+from service.engine.session import Engine
 from tests.server import counter, running_server
 from tests.test_bulk import embed_cli
 from tests.test_stepper import staggered
@@ -88,7 +89,7 @@ def test_a_sentence_alone_is_the_same_bits_as_in_any_batch(int8_engine, sentence
 @pytest.mark.parametrize("window", [1, 8])
 def test_window_by_window_is_bit_identical_to_a_whole_run(int8_engine, sentences, window):
     want = int8_engine.run(sentences)
-    got, _ = staggered(Stepper(int8_engine, window), sentences, seed=window)
+    got, _ = staggered(InFlight(int8_engine, window), sentences, seed=window)
     for i, w in enumerate(want):
         np.testing.assert_array_equal(got[i], w)
 

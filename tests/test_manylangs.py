@@ -20,8 +20,9 @@ import pytest
 
 from model_export.export import export_manylangs, torch_layers
 from model_export.manylangs import load_manylangs, options_of, read_architecture, write_random_manylangs
-from service.engine import Engine, read_manifest
-from service.mapping import ManyLangsMapping, read_dictionary
+from service.engine.session import Engine
+from service.manifest import read_manifest
+from service.text.token_ids import ManyLangsMapping, read_dictionary
 from tests.conftest import max_error
 from tests.server import running_server
 

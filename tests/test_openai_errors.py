@@ -1,4 +1,4 @@
-"""OpenAI's error shape from the service's own answers (service/openai_errors.py); the routes' answers in that
+"""OpenAI's error shape from the service's own answers (service/api/errors.py); the routes' answers in that
 shape, end to end, are tested in tests/test_app.py, tests/test_access.py, tests/test_served.py and, through the
 `openai` package, tests/test_openai_clients.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.openai_errors import openai_error
+from service.api.errors import openai_error
 
 CASES = [  # (the service's status, its detail) -> (OpenAI's status, type, param, code)
     (422, "input[2]: empty sentence", 400, "invalid_request_error", "input[2]", None),

@@ -1,4 +1,4 @@
-"""Several models in one server (ELMO_MODELS, service/served.py), end to end: a real elmo-serve on 127.0.0.1 serving
+"""Several models in one server (ELMO_MODELS, service/models.py), end to end: a real elmo-serve on 127.0.0.1 serving
 the embedded default model (3 layers of 256), the tiny fixture (3 layers of 32) and an ELMoForManyLangs model (the
 other family: its own char and word dictionaries, German tokenization; 3 layers of 16), each with its own engine and
 queue. Every answer is checked against an Engine in this process on the same folder: a request gets the numbers of
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from elmo_client import AsyncClient, Client, ElmoError
 
-from service.engine import Engine
-from service.tokenize import tokenize
+from service.engine.session import Engine
+from service.text.moses import tokenize
 from tests.conftest import MANYLANGS, max_error
 from tests.server import counter, free_port, launch, running_server
 

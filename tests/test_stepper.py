@@ -1,4 +1,4 @@
-"""Continuous batching's stepper: sentences run window by window, joining and leaving between windows, get
+"""Continuous batching's in_flight: sentences run window by window, joining and leaving between windows, get
 exactly the bits of a whole run, on the tiny fixture and on a model wide enough that ONNX Runtime splits its
 products into blocks (512-term dot products, as in the full-size model)."""
 
@@ -14,8 +14,8 @@ import pytest
 from model_export.export import export_model
 from model_export.options import BiLMOptions
 from model_export.weights import random_bilm
-from service.engine import Engine
-from service.stepper import Stepper
+from service.batching.in_flight import InFlight
+from service.engine.session import Engine
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +35,17 @@ def wide_engine(tmp_path_factory) -> Engine:
     return Engine(out, provider="cpu", intra_op_threads=2)
 
 
-def staggered(stepper: Stepper, sentences: list[list[str]], seed: int) -> tuple[dict[int, np.ndarray], int]:
+def staggered(in_flight: InFlight, sentences: list[list[str]], seed: int) -> tuple[dict[int, np.ndarray], int]:
     """Sentences join 0 to 3 at a time between windows, at random; each one's result by index, and the
     number of windows run."""
     rng = random.Random(seed)
     waiting, results, windows = list(range(len(sentences))), {}, 0
-    while waiting or stepper.rows:
+    while waiting or in_flight.rows:
         k = rng.randint(0, 3)
-        stepper.admit([sentences[i] for i in waiting[:k]], waiting[:k])
+        in_flight.admit([sentences[i] for i in waiting[:k]], waiting[:k])
         waiting = waiting[k:]
-        if stepper.rows:
-            results.update((row.tag, row.result()) for row in stepper.step())
+        if in_flight.rows:
+            results.update((row.tag, row.result()) for row in in_flight.step())
             windows += 1
     return results, windows
 
@@ -55,7 +55,7 @@ def staggered(stepper: Stepper, sentences: list[list[str]], seed: int) -> tuple[
 def test_window_by_window_is_bit_identical_to_a_whole_run(which, window, engine, wide_engine, sentences):
     engine = engine if which == "tiny" else wide_engine
     want = engine.run(sentences)
-    got, windows = staggered(Stepper(engine, window), sentences, seed=window)
+    got, windows = staggered(InFlight(engine, window), sentences, seed=window)
     longest = max(map(len, sentences)) + 2
     assert windows >= -(-longest // window)  # the longest sentence took that many windows at least
     assert sorted(got) == list(range(len(sentences)))
@@ -64,11 +64,11 @@ def test_window_by_window_is_bit_identical_to_a_whole_run(which, window, engine,
 
 
 def test_rows_leave_as_they_finish_and_layer_zero_is_the_token_twice(engine, sentences):
-    stepper = Stepper(engine, window=4)
+    in_flight = InFlight(engine, window=4)
     short, long = ["a", "b"], sentences[0]  # 4 positions with boundaries: one window
-    stepper.admit([short, long], ["short", "long"])
-    (first,) = stepper.step()
-    assert first.tag == "short" and [row.tag for row in stepper.rows] == ["long"]
+    in_flight.admit([short, long], ["short", "long"])
+    (first,) = in_flight.step()
+    assert first.tag == "short" and [row.tag for row in in_flight.rows] == ["long"]
     result = first.result()
     assert result.shape == (engine.num_layers, 2, engine.dim)
     half = engine.dim // 2
@@ -77,21 +77,21 @@ def test_rows_leave_as_they_finish_and_layer_zero_is_the_token_twice(engine, sen
 
 def test_dropped_and_cleared_rows_leave_the_others_exact(engine, sentences):
     want = engine.run(sentences[:6])
-    stepper = Stepper(engine, window=2)
-    stepper.admit(sentences[:6], range(6))
-    stepper.step()
-    gone = stepper.drop(lambda row: row.tag % 2 == 1)  # clients 1, 3 and 5 left
-    assert sorted(row.tag for row in gone) == [1, 3, 5] and len(stepper.rows) == 3
+    in_flight = InFlight(engine, window=2)
+    in_flight.admit(sentences[:6], range(6))
+    in_flight.step()
+    gone = in_flight.drop(lambda row: row.tag % 2 == 1)  # clients 1, 3 and 5 left
+    assert sorted(row.tag for row in gone) == [1, 3, 5] and len(in_flight.rows) == 3
     results = {}
-    while stepper.rows:
-        results.update((row.tag, row.result()) for row in stepper.step())
+    while in_flight.rows:
+        results.update((row.tag, row.result()) for row in in_flight.step())
     assert sorted(results) == [0, 2, 4]
     for i, got in results.items():
         np.testing.assert_array_equal(got, want[i])
-    stepper.admit(sentences[:2], [0, 1])
-    stepper.step()
-    assert len(stepper.clear()) == 2 and stepper.rows == []
-    again, _ = staggered(stepper, sentences[:2], seed=0)  # a cleared stepper starts afresh
+    in_flight.admit(sentences[:2], [0, 1])
+    in_flight.step()
+    assert len(in_flight.clear()) == 2 and in_flight.rows == []
+    again, _ = staggered(in_flight, sentences[:2], seed=0)  # a cleared in_flight starts afresh
     np.testing.assert_array_equal(again[1], want[1])
 
 

@@ -5,7 +5,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.tokenize import max_tokens, min_tokens, tokenize
+from service.text.moses import max_tokens, min_tokens, tokenize
 
 # Words, punctuation Moses splits off, whitespace of every kind, and the control characters it deletes.
 WORDS = ["the", "U.S.", "don't", "bio-identical", "42,000", "(x)", '"q"', "...", "'", "Mr.", "é", "🙂", "a.b."]

@@ -24,7 +24,7 @@ from model_export.options import load_options
 from model_export.train import Trainer, TrainingConfig, load_config, lr_factor, make_batches, train
 from model_export.vocab import Vocabulary
 from model_export.weights import load_bilm, random_bilm
-from service.chars import token_char_ids
+from service.text.chars import token_char_ids
 
 WORDS = [
     "the",

@@ -12,9 +12,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from model_export.export import cosine_min
-from service.engine import Engine, bucket, nodes_off, placed_session
-from service.stepper import Stepper
+from service.batching.in_flight import InFlight
+from service.engine.canary import cosine_min
+from service.engine.feeds import bucket
+from service.engine.providers import nodes_off, placed_session
+from service.engine.session import Engine
 from tests.conftest import max_error
 from tests.test_stepper import staggered
 
@@ -65,27 +67,27 @@ def test_a_sentence_alone_is_the_same_bits_as_in_any_batch(window_engine, senten
 
 def test_rows_joining_between_windows_get_the_bits_of_a_whole_run(window_engine, sentences):
     want = window_engine.run(sentences)
-    got, windows = staggered(Stepper(window_engine, 8), sentences, seed=1)
+    got, windows = staggered(InFlight(window_engine, 8), sentences, seed=1)
     assert windows >= 2  # the longest sentence took two windows of 32 at least
     for i, w in enumerate(want):
         np.testing.assert_array_equal(got[i], w)
 
 
 def test_the_stepper_advances_by_the_graphs_window(window_engine):
-    assert Stepper(window_engine, 8).window == WINDOW  # the graph computes 32 positions whatever is asked
-    stepper = Stepper(window_engine, 8)
-    stepper.admit([["a"] * 40], [0])
-    assert stepper.step(window=3) == [] and stepper.rows[0].position == WINDOW
+    assert InFlight(window_engine, 8).window == WINDOW  # the graph computes 32 positions whatever is asked
+    in_flight = InFlight(window_engine, 8)
+    in_flight.admit([["a"] * 40], [0])
+    assert in_flight.step(window=3) == [] and in_flight.rows[0].position == WINDOW
 
 
 def test_rows_are_bounded_by_the_slots(tiny_model_dir):
     small = Engine(tiny_model_dir, provider="cpu", graph="window", max_rows=4)
-    stepper = Stepper(small, 8)
-    stepper.admit([["a"]] * 4, range(4))
-    assert stepper.room == 0
+    in_flight = InFlight(small, 8)
+    in_flight.admit([["a"]] * 4, range(4))
+    assert in_flight.room == 0
     with pytest.raises(ValueError, match="room for 0"):
-        stepper.admit([["b"]], [4])
-    assert len(stepper.step()) == 4 and stepper.room == 4  # finished rows give their slots back
+        in_flight.admit([["b"]], [4])
+    assert len(in_flight.step()) == 4 and in_flight.room == 4  # finished rows give their slots back
     many = [["w"] * (i % 7 + 1) for i in range(11)]  # run() goes max_rows sentences at a time
     assert max_error(small.run(many), Engine(tiny_model_dir, provider="cpu").run(many)) <= 1e-6
 
@@ -97,7 +99,7 @@ def test_fixed_buffers_per_bucket_give_the_same_numbers(tiny_model_dir, window_e
     for _ in range(2):
         assert max_error(fixed.run(sentences), window_engine.run(sentences)) == 0.0
     assert max_error(fixed.run(sentences[:3]), window_engine.run(sentences[:3])) == 0.0
-    got, _ = staggered(Stepper(fixed, 8), sentences, seed=2)
+    got, _ = staggered(InFlight(fixed, 8), sentences, seed=2)
     np.testing.assert_array_equal(got[7], window_engine.run([sentences[7]])[0])
     assert 0 < len(fixed._bound) <= 16  # a few buckets, reused, not one binding per call
 

@@ -1,7 +1,7 @@
-"""The models one server serves (ELMO_MODELS, or ELMO_MODEL_DIR alone): each with its own engine, stepper and
-batcher, so each has its own queue of `queue_tokens` (one model's overload never refuses another's requests) and
-its own engine thread. Loaded in order and warmed in the app's lifespan; a request names one by `model`, and
-None means the first."""
+"""The registry of the models one server serves (ELMO_MODELS, or ELMO_MODEL_DIR alone): each with its own engine,
+rows in flight and batcher, so each has its own queue of `queue_tokens` (one model's overload never refuses
+another's requests) and its own engine thread. Loaded in order and warmed in the app's lifespan; a request names
+one by `model`, and None means the first."""
 
 from __future__ import annotations
 
@@ -11,27 +11,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.batcher import Batcher
-from service.canary import CanaryMismatch, CanaryReport, prove
-from service.engine import MANIFEST, Engine
+import numpy as np
+from prometheus_client import Counter
+
+from service.batching.batcher import Batcher, QueueFull
+from service.batching.in_flight import InFlight
+from service.engine.canary import CanaryMismatch, CanaryReport, prove
+from service.engine.session import Engine
+from service.errors import EngineFailed, Overloaded, ServiceError, UnknownModel
+from service.manifest import MANIFEST
 from service.metrics import Metrics
 from service.settings import Settings, default_batch_tokens
-from service.stepper import Stepper
 
 log = logging.getLogger("elmo.service")
-MAX_NAME_SHOWN = 64  # characters of a name a client sent, echoed back: it may have sent a megabyte of it
-
-
-def shown(name: str) -> str:
-    """A name a client sent, cut to MAX_NAME_SHOWN characters for an answer."""
-    return name[:MAX_NAME_SHOWN] + "..." if len(name) > MAX_NAME_SHOWN else name
-
-
-class UnknownModel(LookupError):
-    """A request named a model this server does not serve."""
-
-    def __init__(self, name: str, known: list[str]):
-        super().__init__(f"unknown model {shown(name)!r}; this server serves: {', '.join(known)}")
 
 
 @dataclass(frozen=True)
@@ -44,7 +36,8 @@ class ServedModel:
     batcher: Batcher
     batch_tokens: int
     created: int  # when its export was written (the manifest's mtime, in seconds): /v1/models' `created`
-    canary: CanaryReport  # what its engine's start-up check found (service/canary.py)
+    canary: CanaryReport  # what its engine's start-up check found (service/engine/canary.py)
+    rejected: Counter  # requests refused because its queue was full
 
     @property
     def dim(self) -> int:
@@ -54,8 +47,28 @@ class ServedModel:
     def num_layers(self) -> int:
         return self.engine.num_layers
 
+    @property
+    def language(self) -> str:
+        """Whose Moses rules texts sent to this model are tokenized by (its manifest's)."""
+        return self.engine.info.language
 
-class ServedModels:
+    async def embed(self, sentences: list[list[str]], client: str, field: str) -> list[np.ndarray]:
+        """Each sentence's layers, queued on this model's queue in `client`'s turn; Overloaded when the queue is full
+        now, EngineFailed when the engine fails on these sentences alone."""
+        try:
+            return await self.batcher.embed(sentences, client)
+        except QueueFull as err:  # this model's queue: the other models' are their own
+            self.rejected.inc()
+            raise Overloaded(f"overloaded: model {self.name}'s {err}; retry later") from None
+        except ServiceError as err:  # larger than the queue: about the request's sentences
+            err.field = field
+            raise
+        except Exception as err:
+            log.exception("engine batch failed")
+            raise EngineFailed(f"inference failed ({type(err).__name__}); retry") from None
+
+
+class ModelRegistry:
     """The models in service, in the order given; the first is the default."""
 
     def __init__(self, models: list[ServedModel]):
@@ -93,10 +106,11 @@ class ServedModels:
         await asyncio.gather(*(model.batcher.stop() for model in self))
 
 
-def load_models(settings: Settings, metrics: Metrics) -> ServedModels:
-    """Every model of `settings.models`, each with an Engine (intra_op_threads each), a Stepper and a Batcher of its
-    own, each engine proven on its export's canaries. A model that cannot be loaded, or whose canaries disagree
-    (ELMO_CANARY=refuse), stops the start with a RuntimeError naming it and its folder, or the figures."""
+def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
+    """Every model of `settings.models`, each with an Engine (intra_op_threads each), its rows in flight and a
+    Batcher of its own, each engine proven on its export's canaries. A model that cannot be loaded, or whose
+    canaries disagree (ELMO_CANARY=refuse), stops the start with a RuntimeError naming it and its folder, or the
+    figures."""
     served = []
     for name, folder in settings.models:
         try:
@@ -125,7 +139,7 @@ def load_models(settings: Settings, metrics: Metrics) -> ServedModels:
         batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
         batcher = Batcher(
             engine.run,
-            Stepper(engine, settings.window),
+            InFlight(engine, settings.window),
             batch_tokens,
             settings.max_wait_ms / 1000,
             settings.queue_tokens,
@@ -133,5 +147,6 @@ def load_models(settings: Settings, metrics: Metrics) -> ServedModels:
             gather_s=settings.gather_ms / 1000,
         )
         created = int((Path(folder) / MANIFEST).stat().st_mtime)
-        served.append(ServedModel(name, Path(folder), engine, batcher, batch_tokens, created, report))
-    return ServedModels(served)
+        rejected = metrics.rejected.labels(name)
+        served.append(ServedModel(name, Path(folder), engine, batcher, batch_tokens, created, report, rejected))
+    return ModelRegistry(served)

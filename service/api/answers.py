@@ -1,6 +1,6 @@
-"""Answers as JSON, or as an .npz (`Accept: application/x-npz`): their size known before the engine runs, and large
-ones composed and encoded off the event loop, in pieces, so that one large answer does not hold up every small
-request behind it.
+"""Answers as JSON, or as an .npz (`Accept: application/x-npz`): their size known before the engine runs
+(service/admission.py), and large ones composed and encoded off the event loop, in pieces, so that one large
+answer does not hold up every small request behind it.
 
 The .npz body is what `numpy.savez` writes (a zip of .npy files, stored uncompressed): `embedding_<index>.npy`, each
 item's float32 array (little-endian, of its `shape`), and `answer.json`, the JSON answer without the embeddings.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 import re
 import time
 import zipfile
@@ -22,11 +21,8 @@ import numpy as np
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
-# The most bytes one number of an answer takes: orjson writes a float32 in at most 16 characters
-# ("-0.0000037214047") and a comma (11 to 14 on average); base64 writes its 4 bytes as 16/3 characters.
-# An .npz stores 4 bytes a number, and per item an .npy header (128 bytes) and two zip64 headers (about 200).
-BYTES_PER_NUMBER = {"float": 17, "base64": 16 / 3, "npz": 4}
-NPZ_ITEM_BYTES = 400
+from service.api.cancellation import Abandoned
+
 NPZ = "application/x-npz"
 QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 JSON = "application/json"
@@ -50,15 +46,6 @@ class Base64:
 
     def text(self) -> str:
         return base64.b64encode(self.array.tobytes()).decode("ascii")
-
-
-def answer_bytes(token_counts: list[int], dim: int, outputs: int, pooled: bool, encoding: str) -> int:
-    """At most how many bytes the vectors of an answer take: tokens (or sentences, when pooled) x layers or
-    mixes x (dim x bytes per number of the encoding, + 3 for a vector's brackets or quotes and a comma); the
-    tokens echoed back are bounded by the body."""
-    vectors = (len(token_counts) if pooled else sum(token_counts)) * outputs
-    items = len(token_counts) * NPZ_ITEM_BYTES if encoding == "npz" else 0
-    return math.ceil(vectors * (dim * BYTES_PER_NUMBER[encoding] + 3)) + items
 
 
 def wants_npz(accept: str) -> bool:
@@ -105,10 +92,6 @@ Observe = Callable[[str, float], None]  # a stage's name and its CPU seconds
 Build = Callable[[Event | None], dict]  # the answer; it stops early (Abandoned) once the event is set
 # Runs a function of a stop event in a worker pool: the app's, which sets the event when the client has gone.
 Offload = Callable[[Callable[[Event], object]], Awaitable]
-
-
-class Abandoned(Exception):
-    """The client has gone: the work for its answer stopped where it was."""
 
 
 def _timed(build: Build, encode: Callable, observe: Observe | None, stop: Event | None = None):

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from service.engine import Engine, place, sentence_keys
+from service.engine.feeds import place, sentence_keys
+from service.engine.session import Engine
 
 
 class Row:
@@ -46,7 +47,7 @@ class Row:
         return np.ascontiguousarray(self.layers[:, 1:-1])
 
 
-class Stepper:
+class InFlight:
     """The sentences in flight on an engine, at most `engine.max_rows`. Not thread-safe: one thread drives it."""
 
     def __init__(self, engine: Engine, window: int):

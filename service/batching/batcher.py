@@ -1,11 +1,11 @@
 """Dynamic batching: many concurrent requests share the engine. Owns the policy, nothing else.
 
 * Each request's sentences wait in a queue bounded in tokens: a request that does not fit is refused at once
-  (`QueueFull` -> 503 with Retry-After), never left to pile up; one larger than the whole queue could never fit
-  (`TooLarge` -> 413). The queue is one FIFO per client (its address), taken from in turns, a sentence of each
+  (`QueueFull`: 503 with Retry-After), never left to pile up; one larger than the whole queue could never fit
+  (`LargerThanQueue`: 413). The queue is one FIFO per client (its address), taken from in turns, a sentence of each
   at a time: a client that sends many long requests at once delays another's small one by a sentence of its
   own, not by all of them (one client on 4 connections pushed a small request's median to 7 s).
-* One engine thread runs continuous batching (service/stepper.py): every call advances each sentence in
+* One engine thread runs continuous batching (service/batching/in_flight.py): every call advances each sentence in
   flight by a window of positions, and between calls finished sentences are answered and waiting ones join,
   in queue order, as long as the tokens in flight stay within the token budget (at least one sentence always
   runs, however long). An idle engine first waits up to `max_wait` for company; after a window that answered
@@ -31,22 +31,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.stepper import Stepper
+from service.batching.in_flight import InFlight
+from service.errors import Overloaded, TooLarge
 
 EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
 log = logging.getLogger("elmo.batcher")
 
 
-class QueueFull(Exception):
+class QueueFull(Overloaded):
     """The queue cannot take this request now; the client should retry later."""
 
 
-class TooLarge(Exception):
+class LargerThanQueue(TooLarge):
     """The request is larger than the whole queue: it can never be taken, so retrying is no use."""
 
-    def __init__(self, tokens: int, limit: int):
+    def __init__(self, tokens: int, limit: int, field: str | None = None):
         super().__init__(
-            f"{tokens} tokens with 2 boundary tokens per sentence; the limit is {limit} per request (the queue size)"
+            f"{tokens} tokens with 2 boundary tokens per sentence; the limit is {limit} per request (the queue size)",
+            field,
         )
 
 
@@ -66,7 +68,7 @@ class _Entry:
         self.results: list[np.ndarray | None] = [None] * len(self.sentences)
         self.pending = len(self.sentences)  # sentences not answered yet
         self.waiting = len(self.sentences)  # sentences still in the queue
-        self.unfinished = len(self.sentences)  # sentences the stepper has not finished (engine thread only)
+        self.unfinished = len(self.sentences)  # sentences not finished in flight (engine thread only)
 
 
 Item = tuple[_Entry, int]  # a request and the index of one of its sentences
@@ -91,7 +93,7 @@ class Batcher:
     def __init__(
         self,
         run: EngineRun,
-        stepper: Stepper,
+        in_flight: InFlight,
         batch_tokens: int,
         max_wait_s: float,
         queue_tokens: int,
@@ -99,7 +101,7 @@ class Batcher:
         gather_s: float = 0.0,
     ):
         self._run = run  # whole sentences, for the retries after a failed window
-        self._stepper = stepper
+        self._in_flight = in_flight
         self.batch_tokens = batch_tokens
         self.max_wait_s = max_wait_s
         self.gather_s = gather_s
@@ -133,14 +135,14 @@ class Batcher:
 
     async def embed(self, sentences: list[list[str]], client: str = "") -> list[np.ndarray]:
         """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full now,
-        TooLarge when the request alone is over the queue's size. `client` names whose turn its sentences wait
+        LargerThanQueue when the request alone is over the queue's size. `client` names whose turn its sentences wait
         for. Cancelling the awaiting task (the client went away) takes the request out of the queue and of
         flight."""
         if not sentences:  # no rows would ever resolve its future
             return []
         entry = _Entry(sentences, asyncio.get_running_loop().create_future(), client)
         if entry.tokens > self.queue_tokens:
-            raise TooLarge(entry.tokens, self.queue_tokens)
+            raise LargerThanQueue(entry.tokens, self.queue_tokens)
         with self._cond:
             if self._queued_tokens + entry.tokens > self.queue_tokens:
                 raise QueueFull(f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens")
@@ -160,13 +162,13 @@ class Batcher:
 
     def _work(self) -> None:
         while True:
-            self._stepper.drop(lambda row: row.tag[0].gone)  # before taking: they free budget
+            self._in_flight.drop(lambda row: row.tag[0].gone)  # before taking: they free budget
             with self._cond:
-                while not self._queue and not self._stepper.rows:
+                while not self._queue and not self._in_flight.rows:
                     if self._stopping:
                         return
                     self._cond.wait()
-                if not self._stepper.rows:
+                if not self._in_flight.rows:
                     self._wait_for_company()
                 elif not self._stopping:
                     self._wait_for_those_answered()
@@ -174,8 +176,8 @@ class Batcher:
             try:
                 self._answered = self._window(joining)
             except Exception as err:  # a bug, not an engine failure: fail what is in flight, keep serving
-                log.exception("the batcher failed; failing the %d sentences in flight", len(self._stepper.rows))
-                entries = {id(entry): entry for entry, _ in [*joining, *(row.tag for row in self._stepper.clear())]}
+                log.exception("the batcher failed; failing the %d sentences in flight", len(self._in_flight.rows))
+                entries = {id(entry): entry for entry, _ in [*joining, *(row.tag for row in self._in_flight.clear())]}
                 for entry in entries.values():
                     self._loop.call_soon_threadsafe(self._fail, entry, err)
                 self._answered = 0
@@ -200,33 +202,33 @@ class Batcher:
         """Waiting sentences, each client's in order and the clients in turns, as many as fit the token budget
         beside those in flight (at least one when none are) and the engine's rows. Called with the lock held."""
         taken: list[Item] = []
-        in_flight = sum(row.length for row in self._stepper.rows)  # a row's length counts its boundaries, as _tokens
-        while self._queue and len(taken) < self._stepper.room:
+        held = sum(row.length for row in self._in_flight.rows)  # a row's length counts its boundaries, as _tokens
+        while self._queue and len(taken) < self._in_flight.room:
             tokens = _tokens(self._queue.next())
-            if in_flight + tokens > self.batch_tokens and (taken or self._stepper.rows):
+            if held + tokens > self.batch_tokens and (taken or self._in_flight.rows):
                 break
             entry, i = self._queue.pop()
             self._queued_tokens -= tokens
             entry.waiting -= 1
             if not entry.gone:
                 taken.append((entry, i))
-                in_flight += tokens
+                held += tokens
         return taken
 
     def _window(self, joining: list[Item]) -> int:
         """Let `joining` in, run one window, and answer the sentences that finished; returns how many requests
         that completed."""
-        stepper = self._stepper
+        rows_in_flight = self._in_flight
         start = time.perf_counter()
         self.busy = True
         try:
-            stepper.admit([entry.sentences[i] for entry, i in joining], joining)
+            rows_in_flight.admit([entry.sentences[i] for entry, i in joining], joining)
             window = self._window_length()
-            rows = [(row.tag, min(window, row.length - row.position)) for row in stepper.rows]
-            finished = stepper.step(window) if rows else []
+            rows = [(row.tag, min(window, row.length - row.position)) for row in rows_in_flight.rows]
+            finished = rows_in_flight.step(window) if rows else []
         except Exception as err:  # out of memory, say: the rows' state is unknown, run them again whole
-            in_flight = [row.tag for row in stepper.clear()]
-            failed = in_flight + [item for item in joining if item not in in_flight]  # those admit did not reach
+            cleared = [row.tag for row in rows_in_flight.clear()]
+            failed = cleared + [item for item in joining if item not in cleared]  # those admit did not reach
             log.warning(
                 "a window of %d sentences failed (%s): running them again in halves", len(failed), type(err).__name__
             )
@@ -239,7 +241,8 @@ class Batcher:
         self._on_batch(
             BatchStats(
                 sentences=len(rows),
-                padded_tokens=len(rows) * (stepper.engine.window or max(n for _, n in rows)),  # what was computed
+                padded_tokens=len(rows)
+                * (rows_in_flight.engine.window or max(n for _, n in rows)),  # what was computed
                 real_tokens=sum(n for _, n in rows),
                 seconds=time.perf_counter() - start,
                 queue_seconds=[start - entry.enqueued for entry, _ in joining],
@@ -255,13 +258,13 @@ class Batcher:
         return completed
 
     def _window_length(self) -> int:
-        """Positions for the next call: the stepper's window, ending early where a sentence in flight ends at
+        """Positions for the next call: the window of those in flight, ending early where a sentence in flight ends at
         least half a window away, so that its slot is refilled at the next call instead of idling to the end
         of this one (measured with 32 clients: 30 of 32 rows busy on average instead of 26, +1-5% tokens/s).
         A lone sentence with no one waiting runs to its end in one call: windows only pay off in company (each
         call reads the input weights once), and a newcomer waits at most for that sentence."""
-        rows, window = self._stepper.rows, self._stepper.window
-        if self._stepper.engine.window:  # the window graph computes its whole window whatever a call asks for
+        rows, window = self._in_flight.rows, self._in_flight.window
+        if self._in_flight.engine.window:  # the window graph computes its whole window whatever a call asks for
             return window
         if len(rows) == 1 and not self._queue:
             return rows[0].length - rows[0].position

@@ -1,5 +1,6 @@
-"""ASGI middleware of the service: API keys, the body-size cap (before any parsing), per-route request metrics,
-and the answer to requests cut off by the drain bound."""
+"""ASGI middleware of the service: API keys, the body limit and budget (before any parsing), the answer budget's
+release, per-route request metrics, and the answer to requests cut off by the drain bound. The budgets themselves
+are service/admission.py's; this is where HTTP meets them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from time import perf_counter, thread_time
 
 import orjson
 
+from service.admission import AnswerBudget, BodyBudget
 from service.metrics import Metrics
 
 log = logging.getLogger("elmo.service")
@@ -56,9 +58,9 @@ NEXT_PART_S = 0.05  # the least a body behind the minimum rate still gets for it
 
 
 class BodyLimit:
-    """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed), and bound
-    what the bodies of all requests in flight hold together: over `inflight` bytes, or over `per_client` bytes
-    from one client address, 503 with Retry-After (so one client cannot take the whole budget).
+    """Refuse a body over the limit with 413 before anything parses it (Content-Length or streamed), and hold
+    each part of it in the `budget` of the bodies in flight (service/admission.py: 503 with Retry-After over it,
+    together or from one client address).
 
     A body must also keep arriving: each part within `timeout_s` of the last (the first within `timeout_s` of
     the headers), and all of it at `min_rate` bytes/s on average once `timeout_s` has passed. A slower one is
@@ -66,24 +68,10 @@ class BodyLimit:
     ten clients that send most of a large body and then stop would hold the whole budget for as long as they
     keep their connections open, and every other POST would get 503."""
 
-    def __init__(
-        self,
-        app,
-        limit: int,
-        inflight: int,
-        per_client: int,
-        retry_after_s: int,
-        timeout_s: float,
-        min_rate: int,
-        metrics: Metrics | None = None,
-    ):
-        self.app, self.limit, self.inflight, self.per_client = app, limit, inflight, per_client
+    def __init__(self, app, limit: int, budget: BodyBudget, retry_after_s: int, timeout_s: float, min_rate: int):
+        self.app, self.limit, self.budget = app, limit, budget
         self.retry_after = str(retry_after_s).encode()
         self.timeout_s, self.min_rate = timeout_s, min_rate
-        self.held = 0  # bytes of the bodies of all requests in flight
-        self.by_client: dict[str, int] = {}  # the same, per client address (present while it holds any)
-        if metrics is not None:
-            metrics.body_bytes.set_function(lambda: self.held)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -105,21 +93,10 @@ class BodyLimit:
                 chunk = message.get("body", b"")
                 if size + len(chunk) > self.limit:
                     return await self._too_large(send)
-                if self.held + len(chunk) > self.inflight:
-                    detail = (
-                        f"overloaded: request bodies in flight hold {self.held} of {self.inflight} bytes; retry later"
-                    )
-                    return await send_json(send, 503, {"detail": detail}, [(b"retry-after", self.retry_after)])
-                if (mine := self.by_client.get(client, 0)) + len(chunk) > self.per_client:
-                    detail = (
-                        f"overloaded: request bodies in flight from your address hold {mine} of {self.per_client} "
-                        "bytes; retry later"
-                    )
-                    return await send_json(send, 503, {"detail": detail}, [(b"retry-after", self.retry_after)])
+                if refused := self.budget.take(client, len(chunk)):
+                    return await send_json(send, 503, {"detail": refused}, [(b"retry-after", self.retry_after)])
                 chunks.append(chunk)
                 size += len(chunk)
-                self.held += len(chunk)
-                self.by_client[client] = mine + len(chunk)
                 more = message.get("more_body", False)
             body, replayed = b"".join(chunks), False
             chunks.clear()
@@ -135,11 +112,7 @@ class BodyLimit:
 
             await self.app(scope, replay, send)
         finally:
-            self.held -= size
-            if size and (left := self.by_client[client] - size):
-                self.by_client[client] = left
-            elif size:
-                del self.by_client[client]
+            self.budget.give_back(client, size)
 
     def _wait(self, start: float, size: int) -> float:
         """How long the next part of a body may take: `timeout_s`, less whatever the body is behind the
@@ -163,41 +136,28 @@ class BodyLimit:
         await send_json(send, 413, {"detail": f"body: larger than the limit of {self.limit} bytes"})
 
 
-class AnswerBudget:
-    """The estimated sizes of the answers being made or sent, bounded together: a route takes its answer's size
-    before the engine runs (`take`), and gets 503 when the budget cannot hold it; `releasing`, a middleware
-    around the routes, gives it back once the answer is sent or the client has gone. Without it, clients that
-    ask for large answers and never read them held memory for as long as they stayed (the write timeout closes
-    them; this bounds what they hold meanwhile)."""
+ANSWER_HELD = "elmo_answer_bytes"  # what a request holds of the answer budget, in its scope's state
 
-    KEY = "elmo_answer_bytes"  # what a request holds, in its scope's state
 
-    def __init__(self, limit: int, metrics: Metrics | None = None):
-        self.limit, self.held = limit, 0
-        if metrics is not None:
-            metrics.answer_bytes.set_function(lambda: self.held)
-        budget = self
+def hold_answer(scope, budget: AnswerBudget, size: int) -> None:
+    """Take `size` bytes of the answer budget for this request (Overloaded if it cannot hold them); AnswerRelease
+    gives them back once the answer is sent or the client has gone."""
+    budget.take(size)
+    state = scope.setdefault("state", {})
+    state[ANSWER_HELD] = state.get(ANSWER_HELD, 0) + size
 
-        class Releasing:
-            def __init__(self, app):
-                self.app = app
 
-            async def __call__(self, scope, receive, send):
-                try:
-                    await self.app(scope, receive, send)
-                finally:
-                    budget.held -= scope.get("state", {}).pop(AnswerBudget.KEY, 0)
+class AnswerRelease:
+    """Around the routes: what a request took of the answer budget (`hold_answer`) is given back after it."""
 
-        self.releasing = Releasing
+    def __init__(self, app, budget: AnswerBudget):
+        self.app, self.budget = app, budget
 
-    def take(self, scope, size: int) -> str | None:
-        """Hold `size` bytes for this request's answer; or why not (the 503's detail)."""
-        if self.held + size > self.limit:
-            return f"overloaded: answers being made or sent hold {self.held} of {self.limit} bytes; retry later"
-        self.held += size
-        state = scope.setdefault("state", {})
-        state[self.KEY] = state.get(self.KEY, 0) + size
-        return None
+    async def __call__(self, scope, receive, send):
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.budget.give_back(scope.get("state", {}).pop(ANSWER_HELD, 0))
 
 
 class DrainCutoff:

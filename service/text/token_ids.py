@@ -3,7 +3,7 @@
 Two families of ELMo exist, and they read a token differently:
 
 * `bilm-tf` (allennlp's, bilm-tf's and NLPL's models): a token is its UTF-8 bytes, cut to max_chars - 2 (the
-  byte ids of service/chars.py, the same for every model); `<S>` and `</S>` wrap each sentence.
+  byte ids of service/text/chars.py, the same for every model); `<S>` and `</S>` wrap each sentence.
 * `elmoformanylangs` (HIT-SCIR's 44 languages): a token is its Unicode characters, cut to max_chars - 2, each
   looked up in the model's own `char.dic` (an unknown one is `<oov>`), and the token itself in its `word.dic`
   (a learned word vector joins the char-CNN's before the projection); `<bos>` and `<eos>` wrap each sentence.
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from service.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids, token_bytes
+from service.text.chars import BOS_TOKEN, EOS_TOKEN, char_key, key_char_ids, token_bytes
 
 BILM_TF = "bilm-tf"
 ELMOFORMANYLANGS = "elmoformanylangs"
 
 
 class BilmTfMapping:
-    """The published byte mapping (service/chars.py)."""
+    """The published byte mapping (service/text/chars.py)."""
 
     family = BILM_TF
 

@@ -1,5 +1,6 @@
-"""The HTTP server process: uvicorn, with the stop sequence a service behind a load balancer needs, and the
-bounds on request heads and idle connections that uvicorn's httptools protocol lacks."""
+"""The HTTP protocol: uvicorn's httptools protocol, with the bounds on request heads, pipelines, unread answers and
+trailers that it lacks. It extends uvicorn's internals (HttpToolsProtocol's private methods), so service/api/server.py
+refuses to start on a uvicorn outside the range it was tested with."""
 
 from __future__ import annotations
 
@@ -7,12 +8,9 @@ import asyncio
 import logging
 import socket
 import struct
-from collections.abc import Callable
-from types import FrameType
 
 import httptools
 import orjson
-import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
@@ -21,43 +19,6 @@ LINGER_S = 2.0  # after refusing a request head, how long what the client still 
 # What is parsed at once: a read of 256 KiB can hold 6,898 pipelined requests, and httptools parses a whole read
 # in one call, so reads are parsed in slices of this size, and no further while `max_pipelined` requests wait.
 PARSE_SLICE = 4096
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn, stopped the way a service behind a balancer should be: on SIGTERM (or SIGINT) /health/ready
-    turns 503 at once, no new connection is accepted, requests in flight are answered (for at most
-    `timeout_graceful_shutdown` seconds, then cancelled), the batcher finishes its queue, and the process
-    exits 0. A second signal stops waiting. (uvicorn itself would raise the signal again once done, so the
-    process would end killed by SIGTERM, not with status 0.)"""
-
-    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None]):
-        super().__init__(config)
-        self.on_signal = on_signal
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.on_signal()
-        if self.should_exit:
-            self.force_exit = True
-        self.should_exit = True
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        log.info(
-            "draining: not ready, no new connections; requests in flight get %s s",
-            self.config.timeout_graceful_shutdown,
-        )
-        await super().shutdown(sockets)
-
-    async def _wait_tasks_to_complete(self) -> None:
-        try:
-            await super()._wait_tasks_to_complete()
-        except asyncio.CancelledError:
-            # The drain bound has passed, and uvicorn cancels the requests still running next: first close the
-            # connections of those whose answer is being sent, which cannot be finished, so that they end quietly
-            # (uvicorn logged a CancelledError traceback for each).
-            for connection in list(self.server_state.connections):
-                if isinstance(connection, BoundedHttpProtocol):
-                    connection.cut_off()
-            raise
 
 
 class _HeadRefused(Exception):

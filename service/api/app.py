@@ -1,0 +1,106 @@
+"""The app: its parts made once (create_app), its middleware in order, its routers, and its lifespan (the models
+loaded and warmed before readiness, drained and stopped after the last request)."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
+
+from service.admission import Admission, AnswerBudget, BodyBudget
+from service.api import embed, errors, health, openai
+from service.api.dependencies import Runtime
+from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
+from service.metrics import Metrics
+from service.models import load_models
+from service.settings import Settings
+
+log = logging.getLogger("elmo.service")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    # FastAPIOffline: a FastAPI app whose /docs and /redoc load Swagger UI and ReDoc from the package's own files
+    # (under /static-offline-docs), so they work where no CDN can be reached; no validator badge (it calls out).
+    app = FastAPIOffline(
+        title="ELMo embeddings",
+        version="0.1.0",
+        description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
+        lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},
+    )
+    app.state.runtime = Runtime(
+        settings,
+        metrics,
+        Admission(settings),
+        AnswerBudget(settings.max_answers_inflight_bytes, metrics),
+        # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
+        # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
+        ThreadPoolExecutor(settings.tokenize_threads, thread_name_prefix="tokenize"),
+        ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="encode"),
+    )
+    app.state.models = None  # the ModelRegistry, once the lifespan has loaded it
+    app.state.ready = False  # every model's engine is loaded and warm, and its batcher runs
+    app.state.draining = False  # a stop signal came: not ready for more, but finishing what is in flight
+    add_middleware(app, app.state.runtime)
+    errors.install(app, settings.retry_after_s)
+    for router in (embed.router, openai.router, health.router):
+        app.include_router(router)
+    return app
+
+
+def add_middleware(app: FastAPI, parts: Runtime) -> None:
+    """Outermost last: metrics see every answer; under /v1/ every error is put in OpenAI's shape; CORS answers
+    preflights (which carry no key) and puts its headers on a 401 too; keys are checked before a body is read; a
+    body is bounded before anything parses it."""
+    settings = parts.settings
+    bodies = BodyBudget(settings.max_inflight_bytes, settings.max_inflight_bytes_per_client, parts.metrics)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        budget=bodies,
+        retry_after_s=settings.retry_after_s,
+        timeout_s=settings.body_timeout_s,
+        min_rate=settings.body_min_rate,
+    )
+    app.add_middleware(AnswerRelease, budget=parts.answers)  # what a request took of the answer budget, given back
+    app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
+    app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
+    app.add_middleware(errors.OpenAIErrors)
+    app.add_middleware(RequestMetrics, metrics=parts.metrics)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    parts: Runtime = app.state.runtime
+    models = load_models(parts.settings, parts.metrics)  # every model, or a RuntimeError naming the one that failed
+    app.state.models = models
+    await models.start()  # each warmed: readiness covers them all
+    app.state.ready = True
+    for model in models:
+        log.info("serving %s from %s (%s)", model.name, model.folder, model.engine.provider)
+    log.info("listening on %s", f"{parts.settings.host}:{parts.settings.port}")
+    yield
+    app.state.ready = False
+    await models.stop()  # after every request in flight was answered: nothing is queued any more
+    parts.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+    parts.encode_pool.shutdown(wait=False, cancel_futures=True)
+    log.info("stopped")
+
+
+def start_draining(app: FastAPI) -> None:
+    """A stop signal came: /health/ready answers 503 from now on (balancers stop sending); requests in
+    flight are still answered. Safe to call from a signal handler: it only sets a flag."""
+    app.state.draining = True

@@ -1,0 +1,96 @@
+"""The steps every embedding route takes, in order: its sentences tokenized within the limits, its answer's size
+reserved, its layers awaited from the model's queue while the client is there, and the answer composed and
+encoded (service/api/answers.py). Each step's CPU time goes to the `elmo_stage_seconds` metric."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+from fastapi import Request
+
+from service.api.answers import Offload
+from service.api.cancellation import Abandoned, off_loop, until_disconnected
+from service.api.dependencies import ready, runtime
+from service.api.middleware import hold_answer
+from service.models import ServedModel
+from service.text.moses import tokenize
+
+log = logging.getLogger("elmo.service")
+
+
+async def tokenized(
+    request: Request, items: list, field: str, truncate: bool, language: str
+) -> tuple[list[list[str]], list[dict]]:
+    """The request's sentences as tokens (texts by the Moses rules of `language`, the model's) within the limits,
+    and what each item reports of its cut. Refused on cheap counts first, so an oversized request costs no
+    tokenization; texts are tokenized off the event loop (Moses takes seconds on a long text, and the loop must
+    keep answering everyone else)."""
+    parts = runtime(request)
+    parts.admission.before_tokenizing(items, field, truncate)
+    sentences = items
+    if any(isinstance(x, str) for x in items):
+        work = _tokenizing(items, language, parts.metrics.observe_stage)
+        sentences = await off_loop(request, parts.tokenize_pool, work)
+    return parts.admission.tokens(sentences, field, truncate)
+
+
+def _tokenizing(items: list, language: str, observe):
+    def tokenize_all(stop: threading.Event) -> list[list[str]]:
+        start = time.thread_time()
+        sentences = []
+        for x in items:
+            if stop.is_set():
+                raise Abandoned
+            sentences.append(tokenize(x, language) if isinstance(x, str) else x)
+        observe("tokenize", time.thread_time() - start)
+        return sentences
+
+    return tokenize_all
+
+
+def reserve_answer(
+    request: Request,
+    model: ServedModel,
+    sentences: list[list[str]],
+    outputs: int,
+    pooled: bool,
+    encoding: str,
+    field: str,
+    ways_out: str,
+) -> int:
+    """The answer's estimated size, within the per-answer limit (413, naming `ways_out`) and held from now until it
+    is sent in the budget of the answers being made or sent (503 when that cannot hold it)."""
+    parts = runtime(request)
+    size = parts.admission.answer_size(model.dim, sentences, outputs, pooled, encoding, field, ways_out)
+    hold_answer(request.scope, parts.answers, size)
+    return size
+
+
+async def embedded(request: Request, model: ServedModel, sentences: list[list[str]], field: str) -> list[np.ndarray]:
+    """Each sentence's layers from `model`'s queue, in the turn of the client's address; dropped from the queue
+    and from flight if the client goes away first. While draining, a request that got in is still served: the
+    server stopped accepting connections already."""
+    ready(request)
+    parts = runtime(request)
+    if parts.settings.log_request_text:  # off by default: request text never reaches the logs
+        log.info("%s %s %s", request.url.path, model.name, sentences)
+    started = time.perf_counter()
+    client = request.client.host if request.client else ""  # whose turn its sentences wait for
+    layers = await until_disconnected(request, model.embed(sentences, client, field))
+    parts.metrics.observe_stage("engine", time.perf_counter() - started)
+    return layers
+
+
+def observe_parse(request: Request) -> None:
+    """The CPU time from the body's last byte to the route: its JSON parsing and validation."""
+    read = request.scope.get("state", {}).get("body_read_cpu")
+    if read is not None:
+        runtime(request).metrics.observe_stage("parse", time.thread_time() - read)
+
+
+def offload(request: Request) -> Offload:
+    """Where a large answer is composed and encoded: the encode pool, stopped if the client goes."""
+    return lambda work: off_loop(request, runtime(request).encode_pool, work)

@@ -1,0 +1,104 @@
+"""OpenAI's embeddings API, so that OpenAI's clients and LangChain work unchanged: POST /v1/embeddings (one vector
+per input: the mean-pooled average of the layers) and GET /v1/models. Errors under /v1/ come in OpenAI's shape
+(service/api/errors.py)."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from service.api.answers import Abandoned, Base64, json_response, respond
+from service.api.dependencies import model_named, registry, runtime
+from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
+from service.api.errors import OPENAI_ERRORS
+from service.api.schemas import ModelList, ModelObject, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
+from service.errors import InvalidRequest
+from service.mix import compose
+from service.models import ServedModel
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post(
+    "/embeddings",
+    response_model=OpenAIEmbeddingResponse,
+    responses=OPENAI_ERRORS,
+    summary="OpenAI-style: one vector per input (mean-pooled average of the layers)",
+)
+async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
+    observe_parse(request)
+    model = model_named(request, body.model)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if not texts:
+        raise InvalidRequest("empty list", "input")
+    if body.dimensions is not None and body.dimensions != model.dim:  # ignoring it would hand back the wrong size
+        raise InvalidRequest(f"{body.dimensions} asked for; this model's vectors have {model.dim}", "dimensions")
+    sentences, cuts = await tokenized(request, texts, "input", body.truncate, model.language)
+    ways_out = '"encoding_format": "base64", or fewer inputs per request'
+    size = reserve_answer(request, model, sentences, 1, True, body.encoding_format, "input", ways_out)
+    results = await embedded(request, model, sentences, "input")
+    answer = partial(openai_answer, body, model, sentences, results, cuts)
+    numbers = sum(map(len, sentences)) * model.dim * model.num_layers
+    observe = runtime(request).metrics.observe_stage
+    return await respond(answer, size, observe=observe, numbers=numbers, offload=offload(request))
+
+
+def openai_answer(
+    body: OpenAIEmbeddingRequest,
+    model: ServedModel,
+    sentences: list[list[str]],
+    results: list[np.ndarray],
+    cuts: list[dict],
+    stop: threading.Event | None = None,
+) -> dict:
+    """The answer of /v1/embeddings: each input's mean-pooled average of the layers (the mix with equal weights)."""
+    default_mix = [([0.0] * model.num_layers, 1.0, "softmax", False)]
+    data = []
+    for i, (layers, cut) in enumerate(zip(results, cuts, strict=True)):
+        if stop is not None and stop.is_set():
+            raise Abandoned
+        vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True, unit=body.unit_length)
+        embedding = Base64(vector) if body.encoding_format == "base64" else vector
+        data.append({"object": "embedding", "index": i, "embedding": embedding, **cut})
+    tokens = sum(map(len, sentences))
+    return {
+        "object": "list",
+        "data": data,
+        "model": model.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+@router.get(
+    "/models",
+    response_model=ModelList,
+    responses={code: OPENAI_ERRORS[code] for code in (401, 503)},
+    summary="OpenAI-style: the models served, the default first",
+)
+async def list_models(request: Request):
+    return json_response({"object": "list", "data": [model_object(m) for m in registry(request)]})
+
+
+@router.get(
+    "/models/{model_id}",
+    response_model=ModelObject,
+    responses={code: OPENAI_ERRORS[code] for code in (401, 404, 503)},
+    summary="OpenAI-style: one model served",
+)
+async def retrieve_model(model_id: str, request: Request):
+    return json_response(model_object(model_named(request, model_id)))
+
+
+def model_object(model: ServedModel) -> dict:
+    """A model as OpenAI's /v1/models lists one, with its shape."""
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": model.created,
+        "owned_by": "elmo-service",
+        "dim": model.dim,
+        "num_layers": model.num_layers,
+    }

@@ -1,0 +1,94 @@
+"""The folder elmo-export writes, as the service reads it: manifest.json names the graphs (their kind, precision and
+window), the architecture's sizes, the token mapping and the tokenizer's language. Read without onnxruntime, so
+that the exporter, the CLI's checks and the engine share one reading of it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.text.token_ids import Mapping, load_mapping
+
+MANIFEST = "manifest.json"
+# The graph this engine feeds (model_export/onnx_graph.py writes it): bumped whenever the graph changes (inputs,
+# outputs or what it computes fast), or what the engine must feed it; an export of another version is refused.
+# 7: the manifest's token_mapping (an ELMoForManyLangs export reads other ids, which an engine of version 6 would
+# feed bytes to). An export of version 6 is the same graph with the published byte mapping, and is still served.
+GRAPH_VERSION = 7
+READABLE_GRAPH_VERSIONS = (6, 7)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One ONNX file of a model folder, as the manifest lists it."""
+
+    file: Path
+    kind: str  # "loop": any positions per call, CPU; "window": `window` positions unrolled, static shapes
+    precision: str  # "fp32", "int8" (the Loop graph's products in integers, CPU) or "fp16" (window graph)
+    window: int | None
+    entry: dict
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    manifest: dict
+    num_layers: int  # output layers: the token layer and one per LSTM layer
+    dim: int  # size of every layer vector
+    max_chars: int
+    token_dim: int  # size of the char-CNN's token vector (half of dim)
+    graphs: tuple[Graph, ...]
+    mapping: Mapping  # token -> the row of ints the graph reads (service/text/token_ids.py)
+
+    @property
+    def language(self) -> str:
+        """Whose Moses rules the service tokenizes text with (service/text/moses.py; an older export: English)."""
+        return self.manifest.get("tokenizer", {}).get("language", "en")
+
+    def graph(self, kind: str, precision: str) -> Graph:
+        for graph in self.graphs:
+            if graph.kind == kind and graph.precision == precision:
+                return graph
+        have = ", ".join(f"{g.kind} {g.precision}" for g in self.graphs)
+        raise ValueError(f"this model folder has no {kind} graph in {precision} (it has: {have}); export it again")
+
+
+def read_manifest(model_dir: str | Path) -> ModelInfo:
+    """The manifest of a folder written by elmo-export; FileNotFoundError or ValueError with a message that
+    says what is wrong (no manifest, not JSON, a field missing, no model file), before anything loads."""
+    path = Path(model_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {model_dir} a folder written by elmo-export?")
+    try:
+        manifest = json.loads(path.read_text())
+        fields = (
+            int(manifest["num_layers"]),
+            int(manifest["output_dim"]),
+            int(manifest["architecture"]["char_cnn"]["max_characters_per_token"]),
+            int(manifest["architecture"]["lstm"]["projection_dim"]),
+        )
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise _not_a_manifest(path, err) from None
+    if manifest.get("graph_version") not in READABLE_GRAPH_VERSIONS:
+        raise ValueError(
+            f"{path} holds graph version {manifest.get('graph_version')}, and this engine feeds version "
+            f"{GRAPH_VERSION}: export it again with elmo-export"
+        )
+    try:
+        graphs = tuple(Graph(Path(model_dir) / g["file"], g["kind"], g["precision"], g.get("window"), g)
+                       for g in manifest["graphs"])  # fmt: skip
+    except (KeyError, TypeError) as err:
+        raise _not_a_manifest(path, err) from None
+    for graph in graphs:
+        if not graph.file.is_file():
+            raise FileNotFoundError(f"{graph.file} not found: the manifest in {model_dir} names it")
+    try:
+        mapping = load_mapping(model_dir, manifest)
+    except (KeyError, TypeError) as err:
+        raise _not_a_manifest(path, err) from None
+    return ModelInfo(manifest, *fields, graphs, mapping)
+
+
+def _not_a_manifest(path: Path, err: Exception) -> ValueError:
+    what = f"no {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+    return ValueError(f"{path} is not a manifest written by elmo-export ({what})")
