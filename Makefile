@@ -30,6 +30,7 @@ $(SERVE_INSTALLED): pyproject.toml scripts/install.sh
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff check --fix .
