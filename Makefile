@@ -102,10 +102,10 @@ image:
 	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(RUNTIME) .
 
 # `docker compose up` under test: the CPU image built and started by the compose file, its health check, /embed
-# against elmo-embed, a clean stop on SIGTERM (tests/test_image.py: Docker, else podman, installed as root if
+# against elmo-embed, a clean stop on SIGTERM (tests/deploy/test_image.py: Docker, else podman, installed as root if
 # missing; the base image and torch made here where no registry answers). Minutes; CI runs it after `make test`.
 image-test: install
-	$(BIN)/python -m pytest -q -m image -rP tests/test_image.py
+	$(BIN)/python -m pytest -q -m image -rP tests/deploy/test_image.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -20,7 +20,7 @@ the window graphs with another window, into their own folder, to choose the wind
 
 Writes OUT/gpu.json (everything) and OUT/gpu.md (the goals' table and the full grid), and prints the table.
 Needs numpy, h5py, onnx, onnxruntime or onnxruntime-gpu, and torch (the baseline and the export): not the
-service's web stack. With `--provider cpu --model tiny` it runs in seconds (tests/test_bench_gpu.py); there
+service's web stack. With `--provider cpu --model tiny` it runs in seconds (tests/bench/test_gpu.py); there
 `--cuda-graphs on` runs the engine's fixed per-bucket buffers without a capture.
 """
 

@@ -19,7 +19,7 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
 * it runs a window of positions of each sentence, from a given state: the whole sentence from the initial
   state (`Engine.run`), or the next few positions of each sentence in flight, from where its last window
   left it (service/batching/in_flight.py, continuous batching). Window by window or whole, a sentence's
-  vectors are the same bits (on CPU; tests/test_stepper.py).
+  vectors are the same bits (on CPU; tests/service/batching/test_in_flight.py).
 
 Inputs:  token_chars int32 (U, token_width): char ids (and a word id), U >= 1; cached_vectors float32 (V, P), V >= 0;
          index_fwd, index_bwd int64 (B, T) into the U + V token vectors: each row's window of positions,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server import free_port, running_server, stop, wait_ready
+from tests.live_server import free_port, running_server, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -13,7 +13,7 @@ overhead small).
 Each sentence in flight holds a slot of the engine's state store, where its LSTM state stays between windows
 (on the device, on a GPU). It is the same graph as a whole run, fed windows (model_export/onnx_graph.py), so a
 sentence's vectors are the same bits window by window as whole, whatever else is in flight (on CPU:
-tests/test_stepper.py; a GPU's kernels may round a product differently for another number of rows).
+tests/service/batching/test_in_flight.py; a GPU's kernels may round a product differently for another number of rows).
 """
 
 from __future__ import annotations

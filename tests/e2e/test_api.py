@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import max_error
-from tests.server import Server, answered_statuses, counter, refusal, running_server, status_on
+from tests.live_server import Server, answered_statuses, counter, refusal, running_server, status_on
 
 MAX_SENTENCES, MAX_TOKENS, MAX_BODY = 64, 400, 200_000
 SETTINGS = {

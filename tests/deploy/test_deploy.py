@@ -18,7 +18,7 @@ import yaml
 
 from service.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 KUBERNETES = ROOT / "deploy" / "kubernetes"

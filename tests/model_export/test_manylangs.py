@@ -24,9 +24,9 @@ from service.engine.session import Engine
 from service.manifest import read_manifest
 from service.text.token_ids import ManyLangsMapping, read_dictionary
 from tests.conftest import max_error
-from tests.server import running_server
+from tests.live_server import running_server
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "elmoformanylangs-tiny"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "elmoformanylangs-tiny"
 TOLERANCE = 1e-5
 
 

@@ -15,7 +15,7 @@ from elmo_client import Client
 from elmo_client.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, ConfigurationError, ElmoEmbedder
 
 from tests.conftest import max_error
-from tests.server import running_server
+from tests.live_server import running_server
 
 NUM_LAYERS, DIM = 3, 32
 

@@ -36,11 +36,11 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server import free_port
+from tests.live_server import free_port
 
 pytestmark = pytest.mark.image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "build" / "image-test"  # logs, the engine's settings, the local torch index
 PROJECT = "elmo-image-test"  # the compose project: its containers and network are named after it
 IMAGE = "elmo-service:cpu"  # what docker-compose.yml's `elmo` service runs

@@ -13,7 +13,7 @@ import openai
 import pytest
 from langchain_openai import OpenAIEmbeddings
 
-from tests.server import running_server
+from tests.live_server import running_server
 
 TEXTS = ["The bank of the river.", "She went to the bank to deposit money.", "Hello, world!"]
 NAME = "tiny"

@@ -18,7 +18,15 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server import answered_statuses, peak_rss_bytes, raw_exchange, refusal, rss_bytes, running_server, status_on
+from tests.live_server import (
+    answered_statuses,
+    peak_rss_bytes,
+    raw_exchange,
+    refusal,
+    rss_bytes,
+    running_server,
+    status_on,
+)
 
 ANSWER_S = 10  # the slowest row answers in well under a second here; a hang or a quadratic path does not
 MILLION = "x" * 1_000_000

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 
-from tests.server import SlowBody, counter, free_port, launch, wait_ready
+from tests.live_server import SlowBody, counter, free_port, launch, wait_ready
 
 DRAIN_S = 20
 LONG = 1000  # tokens per sentence of the slow requests: each is a batch of its own (ELMO_BATCH_TOKENS)

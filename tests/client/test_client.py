@@ -24,7 +24,7 @@ from elmo_client.chunks import estimated_tokens, plan
 from elmo_client.wire import embed_body, sentence_bytes
 
 from tests.conftest import max_error
-from tests.server import counter, running_server, stop
+from tests.live_server import counter, running_server, stop
 
 MAX_SENTENCES, MAX_TOKENS, MAX_BODY, QUEUE_TOKENS = 4, 100, 1500, 300
 SETTINGS = {
@@ -35,7 +35,7 @@ SETTINGS = {
     "ELMO_BATCH_TOKENS": "64",  # the engine takes little at a time, so concurrent callers fill the queue
 }
 NUM_LAYERS, DIM = 3, 32
-TOLERANCE = 1e-6  # a sentence's vectors in another request (tests/test_app.py: the same bits on CPU)
+TOLERANCE = 1e-6  # a sentence's vectors in another request (tests/e2e/test_api.py: the same bits on CPU)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from model_export.export import torch_layers
 from model_export.weights import load_bilm
 
-DEFAULT = Path(__file__).resolve().parents[1] / "models" / "default"
+DEFAULT = Path(__file__).resolve().parents[2] / "models" / "default"
 
 # word -> two senses -> sentences using the word in that sense
 SENSES = {

@@ -23,7 +23,7 @@ from elmo_client import AsyncClient, Client, ElmoError
 from service.engine.session import Engine
 from service.text.moses import tokenize
 from tests.conftest import MANYLANGS, max_error
-from tests.server import counter, free_port, launch, running_server
+from tests.live_server import counter, free_port, launch, running_server
 
 NAMES = ("default", "tiny", "manylangs")  # in ELMO_MODELS' order: "default" is the first, so the default
 SHAPES = {"default": (3, 256), "tiny": (3, 32), "manylangs": (3, 16)}  # (num_layers, dim)

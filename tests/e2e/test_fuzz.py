@@ -21,7 +21,7 @@ from schemathesis.checks import positive_data_acceptance
 
 from service.api.app import create_app
 from service.settings import Settings
-from tests.server import running_server
+from tests.live_server import running_server
 
 FUZZ_EXAMPLES = 2500
 DOCUMENT = create_app(Settings()).openapi()

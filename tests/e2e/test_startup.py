@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tests.server import free_port, launch, refused_to_start, stop, wait_ready
+from tests.live_server import free_port, launch, refused_to_start, stop, wait_ready
 
 BROKEN = {  # (id): how to break a copy of the exported tiny model, what the message says
     "truncated-model": (lambda d: (d / "model.onnx").write_bytes((d / "model.onnx").read_bytes()[:100_000]),

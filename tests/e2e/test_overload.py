@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server import SlowBody, counter, rss_bytes, running_server
+from tests.live_server import SlowBody, counter, rss_bytes, running_server
 
 CLIENTS, ROUNDS, PER_REQUEST = 100, 3, 3
 QUEUE_TOKENS = 1000  # about 12 of the flood's requests

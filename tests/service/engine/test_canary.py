@@ -19,7 +19,7 @@ from model_export.export import CHECK_SENTENCES
 from service.engine import canary
 from service.engine.canary import FP32_TOLERANCE, CanaryMismatch, allowance, check, cosine_min, prove
 from service.engine.session import Engine
-from tests.server import counter, refused_to_start, running_server
+from tests.live_server import counter, refused_to_start, running_server
 
 
 def altered(tiny_model_dir: Path, folder: Path, graph: str, initializer: str, change) -> Path:

@@ -18,7 +18,7 @@ from service.engine.feeds import bucket
 from service.engine.providers import nodes_off, placed_session
 from service.engine.session import Engine
 from tests.conftest import max_error
-from tests.test_stepper import staggered
+from tests.service.batching.test_in_flight import staggered
 
 WINDOW = 32  # what elmo-export writes
 
@@ -37,7 +37,7 @@ def test_the_folder_holds_four_graphs_and_says_which_is_which(tiny_model_dir):
         ("model_window_fp16.onnx", "window", "fp16", WINDOW),
     ]
     assert graphs[0]["parity"]["max_abs_error"] <= 1e-5 and graphs[2]["parity"]["max_abs_error"] <= 1e-5
-    assert graphs[1]["accuracy"]["min_cosine_vs_fp32"] >= 0.999  # tests/test_int8.py
+    assert graphs[1]["accuracy"]["min_cosine_vs_fp32"] >= 0.999  # tests/model_export/test_int8.py
     assert graphs[3]["accuracy"]["min_cosine_vs_fp32"] >= 0.9999
 
 

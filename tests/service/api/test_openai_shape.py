@@ -1,6 +1,6 @@
 """OpenAI's error shape from the service's own answers (service/api/errors.py); the routes' answers in that
-shape, end to end, are tested in tests/test_app.py, tests/test_access.py, tests/test_served.py and, through the
-`openai` package, tests/test_openai_clients.py."""
+shape, end to end, are tested in tests/e2e/test_api.py, tests/e2e/test_access.py, tests/e2e/test_several_models.py
+and, through the `openai` package, tests/e2e/test_openai_clients.py."""
 
 from __future__ import annotations
 

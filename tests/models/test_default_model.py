@@ -9,7 +9,7 @@ from model_export.export import torch_layers
 from model_export.vocab import Vocabulary
 from model_export.weights import load_bilm
 
-DEFAULT = Path(__file__).resolve().parents[1] / "models" / "default"
+DEFAULT = Path(__file__).resolve().parents[2] / "models" / "default"
 BUDGET_BYTES = 20 * 1000 * 1000
 
 

@@ -1,13 +1,13 @@
 """Access control end to end, on a real elmo-serve with API keys and one CORS origin: every route but the two
 health probes needs a key, keys never show, CORS answers only the configured origin, and request text reaches
-the log only because ELMO_LOG_REQUEST_TEXT asks for it (tests/test_app.py checks the default: never)."""
+the log only because ELMO_LOG_REQUEST_TEXT asks for it (tests/e2e/test_api.py checks the default: never)."""
 
 from __future__ import annotations
 
 import pytest
 from elmo_client import Client, ElmoError
 
-from tests.server import refusal, running_server
+from tests.live_server import refusal, running_server
 
 KEYS = ["k3y-first-0123456789", "k3y-second-abcdef"]
 ORIGIN = "https://app.example"
@@ -124,7 +124,7 @@ def test_request_text_is_logged_when_asked_for(client, server):
 
 def chunked_post(port: int, path: str, body: bytes, headers: bytes = b"", trailer: bytes = b"") -> tuple:
     """A POST whose body is chunked, with `trailer` fields after its last chunk; its answer."""
-    from tests.server import raw_exchange
+    from tests.live_server import raw_exchange
 
     head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
     data = head.encode() + headers + b"\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n" + trailer + b"\r\n"
