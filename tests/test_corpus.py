@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from model_export.corpus import build_sources, looks_like_prose, source_heldout
-from model_export.sources import (
+from training.corpus import build_sources, looks_like_prose, source_heldout
+from training.sources import (
     Source,
     Unit,
     html_paragraphs,

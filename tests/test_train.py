@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from model_export.bigram import KneserNeyBigram
 from model_export.export import torch_layers
-from model_export.language_model import BiLanguageModel, TokenTable, pad_batch
 from model_export.options import load_options
-from model_export.train import Trainer, TrainingConfig, load_config, lr_factor, make_batches, train
-from model_export.vocab import Vocabulary
 from model_export.weights import load_bilm, random_bilm
 from service.chars import token_char_ids
+from training.bigram import KneserNeyBigram
+from training.language_model import BiLanguageModel, TokenTable, pad_batch
+from training.trainer import Trainer, TrainingConfig, load_config, lr_factor, make_batches, train
+from training.vocab import Vocabulary
 
 WORDS = [
     "the",
@@ -115,7 +115,7 @@ def test_each_finished_pass_is_kept_as_a_loadable_model(trained):
 def test_sigterm_stops_at_a_checkpoint_that_resumes(corpus, tmp_path):
     """The detached CPU run is stopped with SIGTERM (or Ctrl-C): the step in progress ends, a checkpoint is
     written, and the same command resumes from it."""
-    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
+    script = "import sys; from training.cli import train_main; sys.exit(train_main())"
     args = [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "m"), "--config", "tiny",
             "--epochs", "50"]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -232,7 +232,7 @@ def test_fine_tuning_a_published_model_gets_a_new_softmax(corpus, tiny_dir, tmp_
 
 
 def test_cli_trains_and_rejects_a_bad_config(corpus, tmp_path):
-    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
+    script = "import sys; from training.cli import train_main; sys.exit(train_main())"
     ok = subprocess.run(
         [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "m"), "--config", "tiny",
          "--epochs", "1"],
@@ -392,7 +392,7 @@ def test_cuda_trains_and_resumes_on_the_gpu(corpus, dropout_config, tmp_path):
 
 
 def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_is_refused(monkeypatch):
-    from model_export.train import resolve_device
+    from training.trainer import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
@@ -405,7 +405,7 @@ def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_is_refused(monkeypat
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_cli_device_cuda_without_a_gpu_fails_with_a_message(corpus, tmp_path):
-    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
+    script = "import sys; from training.cli import train_main; sys.exit(train_main())"
     run = subprocess.run(
         [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "c"), "--config", "tiny",
          "--device", "cuda"],
@@ -458,7 +458,7 @@ def test_an_empty_or_ambiguous_held_out_file_is_refused_before_training(corpus, 
 
 
 def test_the_model_card_states_the_corpus_sources_and_licences(corpus, tmp_path):
-    """Text from python -m model_export.corpus --sources: its manifest's sources and licences go into the card."""
+    """Text from python -m training.corpus --sources: its manifest's sources and licences go into the card."""
     (tmp_path / "c" / "train").mkdir(parents=True)
     text = tmp_path / "c" / "train" / "toy.txt"
     text.write_text(corpus.read_text())
@@ -473,7 +473,7 @@ def test_the_model_card_states_the_corpus_sources_and_licences(corpus, tmp_path)
 def test_sweep_ranks_configs_by_held_out_perplexity_and_sizes_the_winner(corpus, tmp_path):
     """Two architectures trained for the same steps; the winner's checkpoint is there to continue, and the epochs
     that fit in a budget are computed from its measured rate."""
-    from model_export.sweep import sweep
+    from training.sweep import sweep
 
     _, opt, cfg = load_config("tiny")
     smaller = tmp_path / "tinier.json"
@@ -520,7 +520,7 @@ def test_a_larger_step_budget_continues_the_epoch_where_the_smaller_one_ended(co
 def test_the_char_cnn_by_length_groups_equals_the_full_width_char_cnn():
     """Training convolves groups of short words over fewer char positions: the same vectors, to float rounding,
     for words of every length up to the 48 bytes kept (and the markers), in any order."""
-    from model_export.language_model import token_vectors_by_length
+    from training.language_model import token_vectors_by_length
 
     _, options, _ = load_config("small")
     bilm = random_bilm(options, seed=3)
@@ -535,8 +535,8 @@ def test_the_char_cnn_by_length_groups_equals_the_full_width_char_cnn():
 
 
 def test_shared_vocabulary_perplexity_is_the_models_own_when_alone_and_compares_models(trained, corpus, tmp_path):
-    from model_export.evaluate import load_language_model, shared_perplexity, shared_vocabulary
-    from model_export.language_model import perplexity
+    from training.evaluate import load_language_model, shared_perplexity, shared_vocabulary
+    from training.language_model import perplexity
 
     model, vocab = load_language_model(trained[0])
     sentences = [line.split() for line in corpus.read_text().splitlines()[:200]]
@@ -556,7 +556,7 @@ def test_shared_vocabulary_perplexity_is_the_models_own_when_alone_and_compares_
 def test_evaluate_pools_the_files_and_takes_another_models_vocabulary(trained, corpus, tmp_path, capsys):
     """The `all` row is the files' predictions pooled (as one pass over all of them gives), and --vocabulary-of
     narrows the shared vocabulary as that model would without evaluating it."""
-    from model_export.evaluate import load_language_model, main, pooled, shared_perplexity
+    from training.evaluate import load_language_model, main, pooled, shared_perplexity
 
     model, vocab = load_language_model(trained[0])
     lines = corpus.read_text().splitlines()[:120]

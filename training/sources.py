@@ -1,7 +1,7 @@
 """English running text that this machine can install by name (Debian packages), read into units of paragraphs.
 
 Each source yields `Unit(key, paragraphs)`: the key decides the held-out split (a whole dictionary entry, Bible
-chapter or documentation file goes to one side), the paragraphs are plain text that `model_export.corpus` cuts
+chapter or documentation file goes to one side), the paragraphs are plain text that `training.corpus` cuts
 into sentences and tokenizes. The licence of every source is stated here, as its Debian copyright file states it,
 and goes into the corpus manifest and the model card.
 
@@ -86,7 +86,7 @@ def split_sentences(text: str) -> list[str]:
 
 
 def read_wordnet_units(wordnet_dir: Path = Path("/usr/share/wordnet")) -> Iterator[Unit]:
-    from model_export.corpus import read_wordnet  # corpus.py builds from these sources
+    from training.corpus import read_wordnet  # corpus.py builds from these sources
 
     for synset in read_wordnet(wordnet_dir):
         yield Unit(synset.key, synset.definitions + synset.examples, split_sentences=False)

@@ -10,11 +10,11 @@ becomes two lines, `a building in which the business of banking transacted` and 
 tokenized with the service's Moses tokenizer (so training and serving split text alike), one sentence per line.
 Every 50th synset (by a hash of its offset, so the split never changes) goes to the held-out file, whole.
 
-    python -m model_export.corpus --out build/corpus   # -> train.txt, heldout.txt, examples.jsonl
+    python -m training.corpus --out build/corpus   # -> train.txt, heldout.txt, examples.jsonl
 
-With `--sources`, it builds the larger corpus from several installable sources (`model_export/sources.py`):
+With `--sources`, it builds the larger corpus from several installable sources (`training/sources.py`):
 
-    python -m model_export.corpus --sources all --out build/corpus-all
+    python -m training.corpus --sources all --out build/corpus-all
     # -> train/<source>.txt, heldout/<source>.txt, examples.jsonl, manifest.json
 
 each source's text cut into sentences, tokenized the same way, deduplicated across all sources (the first
@@ -148,7 +148,7 @@ def _sha256(path: Path) -> str:
 def build_sources(out_dir: Path, names: list[str], sources: dict | None = None) -> dict:
     """Write train/<name>.txt and heldout/<name>.txt for each source, examples.jsonl (WordNet's usage examples,
     when wordnet is among them) and manifest.json; returns the manifest."""
-    from model_export.sources import SOURCES, split_sentences
+    from training.sources import SOURCES, split_sentences
 
     sources = sources or SOURCES
     unknown = [n for n in names if n not in sources]
@@ -158,7 +158,7 @@ def build_sources(out_dir: Path, names: list[str], sources: dict | None = None) 
         (out_dir / split).mkdir(parents=True, exist_ok=True)
     seen: set[bytes] = set()  # every kept sentence, train or held out, over all sources
     manifest = {
-        "heldout_rule": f"every {HELDOUT_EVERY}th unit by crc32 of its key (model_export.corpus.source_heldout)",
+        "heldout_rule": f"every {HELDOUT_EVERY}th unit by crc32 of its key (training.corpus.source_heldout)",
         "tokenizer": "sacremoses Moses (en), escape=False, aggressive_dash_splits=False (service.tokenize)",
         "filters": {"min_tokens": MIN_TOKENS, "max_tokens": MAX_TOKENS, "deduplicated": "exact, across sources"},
         "sources": {},
@@ -225,7 +225,7 @@ def build_sources(out_dir: Path, names: list[str], sources: dict | None = None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from model_export.sources import SOURCES
+    from training.sources import SOURCES
 
     parser = argparse.ArgumentParser(
         description="Build the WordNet gloss corpus (train.txt, heldout.txt), or with --sources the corpus of "

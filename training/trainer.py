@@ -27,12 +27,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from model_export.bigram import bigram_perplexities
 from model_export.initial_state import mean_final_state
-from model_export.language_model import BiLanguageModel, Perplexity, TokenTable, pad_batch, perplexity
 from model_export.options import BiLMOptions, load_options
-from model_export.vocab import Vocabulary
 from model_export.weights import load_published_weights, random_bilm, write_published_weights
+from training.bigram import bigram_perplexities
+from training.language_model import BiLanguageModel, Perplexity, TokenTable, pad_batch, perplexity
+from training.vocab import Vocabulary
 
 CONFIGS = Path(__file__).with_name("configs")
 CHECKPOINT = "checkpoint.pt"
@@ -551,7 +551,7 @@ def train(
 
 
 def corpus_sources(corpus: list[Path]) -> dict | None:
-    """The manifest of `python -m model_export.corpus --sources` beside the training files (its train/ folder's
+    """The manifest of `python -m training.corpus --sources` beside the training files (its train/ folder's
     parent), if there is one: each source's package, licence and tokens go into the model card."""
     manifest = Path(corpus[0]).resolve().parent.parent / "manifest.json"
     if not manifest.exists():
