@@ -1,6 +1,6 @@
 """scripts/gpu-train.sh, the GPU training plan: what can be checked without a GPU (its steps themselves run only on
 the lent GPU machine; their parts, elmo-train --device cuda, training.sweep and the corpus, are tested in
-test_train.py and test_corpus.py)."""
+tests/training/)."""
 
 from __future__ import annotations
 
