@@ -27,10 +27,12 @@ $(SERVE_INSTALLED): pyproject.toml scripts/install.sh
 	@rm -f $(VENV)/.installed*
 	@touch $@
 
+# The docs (mkdocs.yml, docs/) build offline into site/; --strict fails on any warning: a broken link or anchor.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 format: install
 	$(BIN)/ruff check --fix .
