@@ -55,19 +55,26 @@ class Admission:
 
     def before_tokenizing(self, items: Sequence[list[str] | str], field: str, truncate: bool) -> None:
         """Refuse (413) on counts that need no tokenizing: sentences per request, characters per text, a lower
-        bound on a text's tokens over the limit (unless `truncate` cuts it), an upper bound over what Moses may
-        read, and the request over the queue's size (every model's queue holds `queue_tokens`)."""
+        bound on a text's tokens over the limit (unless `truncate` cuts it), the request over the queue's size by
+        those lower bounds (each cut to the limit: truncate cannot save it), an upper bound over what Moses may
+        read, and the request over the queue's size by the upper bounds (every model's queue holds
+        `queue_tokens`)."""
         s = self.settings
         if len(items) > s.max_sentences:
             raise TooLarge(f"{len(items)} sentences; the limit is {s.max_sentences} per request", field)
         for i, x in enumerate(items):
             if isinstance(x, str) and len(x) > s.max_text_chars:
                 raise TooLarge(f"{len(x)} characters; the limit is {s.max_text_chars} per text", f"{field}[{i}]")
+        limit, least = s.max_tokens_per_sentence, 0
         for i, x in enumerate(items):
-            n = min_tokens(x) if isinstance(x, str) else len(x)
-            if n > s.max_tokens_per_sentence and not truncate:
-                counted = f"at least {n}" if isinstance(x, str) else str(n)
-                raise TooLarge(f"{counted} tokens; the limit is {s.max_tokens_per_sentence}", f"{field}[{i}]")
+            # by whitespace, counted no further than the limit: a text of 16,000 words costs what one of 1,001 does
+            n = min_tokens(x, stop=limit + 1) if isinstance(x, str) else len(x)
+            if n > limit and not truncate:
+                counted = f"at least {min_tokens(x)}" if isinstance(x, str) else str(n)  # counted whole, once
+                raise TooLarge(f"{counted} tokens; the limit is {limit}", f"{field}[{i}]")
+            least += min(n, limit) + 2
+        if least > s.queue_tokens:  # however Moses splits the texts and truncate cuts them: before the upper bound
+            raise LargerThanQueue(least, s.queue_tokens, field, at_least=any(isinstance(x, str) for x in items))
         at_most = self._at_most(items, field, truncate)  # before Moses reads a text
         if (total := sum(at_most) + 2 * len(items)) > s.queue_tokens:
             raise LargerThanQueue(total, s.queue_tokens, field)

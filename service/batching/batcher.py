@@ -45,9 +45,10 @@ class QueueFull(Overloaded):
 class LargerThanQueue(TooLarge):
     """The request is larger than the whole queue: it can never be taken, so retrying is no use."""
 
-    def __init__(self, tokens: int, limit: int, field: str | None = None):
+    def __init__(self, tokens: int, limit: int, field: str | None = None, at_least: bool = False):
+        counted = f"at least {tokens}" if at_least else str(tokens)
         super().__init__(
-            f"{tokens} tokens with 2 boundary tokens per sentence; the limit is {limit} per request (the queue size)",
+            f"{counted} tokens with 2 boundary tokens per sentence; the limit is {limit} per request (the queue size)",
             field,
         )
 
