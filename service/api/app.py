@@ -15,6 +15,7 @@ from service.admission import Admission, AnswerBudget, BodyBudget
 from service.api import embed, errors, health, openai
 from service.api.dependencies import Runtime
 from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
+from service.api.static import StaticAnswers
 from service.metrics import Metrics
 from service.models import load_models
 from service.settings import Settings
@@ -56,8 +57,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def add_middleware(app: FastAPI, parts: Runtime) -> None:
     """Outermost last: metrics see every answer; under /v1/ every error is put in OpenAI's shape; CORS answers
-    preflights (which carry no key) and puts its headers on a 401 too; keys are checked before a body is read; a
-    body is bounded before anything parses it."""
+    preflights (which carry no key) and puts its headers on a 401 too; keys are checked before a body is read, and
+    before the answers that never change are sent from memory; a body is bounded before anything parses it."""
     settings = parts.settings
     bodies = BodyBudget(settings.max_inflight_bytes, settings.max_inflight_bytes_per_client, parts.metrics)
     app.add_middleware(
@@ -69,6 +70,7 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
         min_rate=settings.body_min_rate,
     )
     app.add_middleware(AnswerRelease, budget=parts.answers)  # what a request took of the answer budget, given back
+    app.add_middleware(StaticAnswers, fastapi=app)  # the OpenAPI document and the docs' files, from memory
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
     app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
     if settings.cors_origins:
