@@ -9,7 +9,8 @@
 3. its tokens (`Admission.tokens`): no empty sentence, valid Unicode, at most `max_tokens_per_sentence` each (or
    cut to it with `truncate`);
 4. its answer's size, estimated before the engine runs (`Admission.answer_size`): at most `max_answer_bytes`
-   (413), and the answers being made or sent at most `max_answers_inflight_bytes` together (`AnswerBudget`, 503);
+   (413), and the answers being made or sent at most `max_answers_inflight_bytes` together and
+   `max_answers_inflight_bytes_per_client` to one address (`AnswerBudget`, 503);
 5. its model's queue (service/batching/batcher.py): 503 when full, per model.
 
 Each refusal is a ServiceError (service/errors.py) whose message names the field and the way out.
@@ -146,27 +147,41 @@ def _has_surrogate(tokens: list[str]) -> bool:
 
 
 class AnswerBudget:
-    """The estimated sizes of the answers being made or sent, bounded together: a request takes its answer's size
-    before the engine runs (`take`), and gets 503 when the budget cannot hold it; it gives it back once the answer
-    is sent or the client has gone (`give_back`, from the middleware around the routes). Without it, clients that
-    ask for large answers and never read them held memory for as long as they stayed (the write timeout closes
-    them; this bounds what they hold meanwhile)."""
+    """The estimated sizes of the answers being made or sent, bounded together and per client address: a request
+    takes its answer's size before the engine runs (`take`), and gets 503 when the budget cannot hold it; it gives
+    it back once the answer is sent or the client has gone (`give_back`, from the middleware around the routes).
+    Without it, clients that ask for large answers and never read them held memory for as long as they stayed (the
+    write timeout closes them; this bounds what they hold meanwhile). Without the bound per address, one address's
+    flood of large answers held the whole budget, and other addresses' small requests got 503."""
 
-    def __init__(self, limit: int, metrics: Metrics | None = None):
-        self.limit, self.held = limit, 0
+    def __init__(self, limit: int, metrics: Metrics | None = None, per_client: int | None = None):
+        self.limit, self.per_client, self.held = limit, per_client or limit, 0
+        self.by_client: dict[str, int] = {}  # the same, per client address (present while it holds any)
         if metrics is not None:
             metrics.answer_bytes.set_function(lambda: self.held)
 
-    def take(self, size: int) -> None:
-        """Hold `size` bytes for an answer, or Overloaded."""
+    def take(self, size: int, client: str = "") -> None:
+        """Hold `size` bytes for an answer to `client`, or Overloaded."""
+        if (mine := self.by_client.get(client, 0)) + size > self.per_client:
+            raise Overloaded(
+                f"overloaded: answers being made or sent to your address hold {mine} of {self.per_client} bytes; "
+                "retry later"
+            )
         if self.held + size > self.limit:
             raise Overloaded(
                 f"overloaded: answers being made or sent hold {self.held} of {self.limit} bytes; retry later"
             )
         self.held += size
+        self.by_client[client] = mine + size
 
-    def give_back(self, size: int) -> None:
+    def give_back(self, size: int, client: str = "") -> None:
+        if not size:
+            return
         self.held -= size
+        if left := self.by_client[client] - size:
+            self.by_client[client] = left
+        else:
+            del self.by_client[client]
 
 
 class BodyBudget:

@@ -101,6 +101,13 @@ class Settings(BaseSettings):
         description="the estimated sizes of all answers being made or sent together (503 above); at least "
         "max_answer_bytes",
     )
+    # One address's flood of large answers could otherwise hold the whole budget: others' small requests got 503.
+    max_answers_inflight_bytes_per_client: int = Field(
+        64 << 20,
+        ge=1,
+        description="the estimated sizes of the answers being made or sent to one client address (503 above); at "
+        "least max_answer_bytes",
+    )
 
     # connections: how long a client may take, and how large a request head may be (a slow or idle one would
     # otherwise hold a connection, and its body the in-flight budget, for as long as it likes)
@@ -230,11 +237,13 @@ class Settings(BaseSettings):
                     f"{variable(name)} ({getattr(self, name)}) is below ELMO_MAX_BODY_BYTES ({self.max_body_bytes}): "
                     "a body at the limit could never be taken; raise one or lower the other"
                 )
-        if self.max_answers_inflight_bytes < self.max_answer_bytes:
-            raise ValueError(
-                f"ELMO_MAX_ANSWERS_INFLIGHT_BYTES ({self.max_answers_inflight_bytes}) is below ELMO_MAX_ANSWER_BYTES "
-                f"({self.max_answer_bytes}): an answer at the limit could never be made; raise one or lower the other"
-            )
+        for name in ("max_answers_inflight_bytes", "max_answers_inflight_bytes_per_client"):
+            if getattr(self, name) < self.max_answer_bytes:
+                given, limit = getattr(self, name), self.max_answer_bytes
+                raise ValueError(
+                    f"{variable(name)} ({given}) is below ELMO_MAX_ANSWER_BYTES ({limit}): an answer at the limit "
+                    "could never be made; raise one or lower the other"
+                )
         return self
 
     def public(self, **resolved) -> dict:

@@ -39,7 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings,
         metrics,
         Admission(settings),
-        AnswerBudget(settings.max_answers_inflight_bytes, metrics),
+        AnswerBudget(settings.max_answers_inflight_bytes, metrics, settings.max_answers_inflight_bytes_per_client),
         # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
         # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
         ThreadPoolExecutor(settings.tokenize_threads, thread_name_prefix="tokenize"),

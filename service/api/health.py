@@ -59,6 +59,7 @@ async def info(request: Request, model: str | None = None):
                 "max_inflight_bytes": settings.max_inflight_bytes,
                 "max_inflight_bytes_per_client": settings.max_inflight_bytes_per_client,
                 "max_answers_inflight_bytes": settings.max_answers_inflight_bytes,
+                "max_answers_inflight_bytes_per_client": settings.max_answers_inflight_bytes_per_client,
                 "max_layers_or_mixes": MAX_OUTPUTS,
                 "max_text_chars": settings.max_text_chars,
                 "max_answer_bytes": settings.max_answer_bytes,

@@ -103,3 +103,15 @@ def test_a_request_over_the_queue_however_truncate_cuts_it_is_refused_before_the
         "size)"
     )
     assert refused.value.field == "sentences"
+
+
+def test_the_answer_budget_bounds_each_address_too():
+    budget = AnswerBudget(100, per_client=60)
+    budget.take(60, "a")
+    with pytest.raises(Overloaded, match="to your address hold 60 of 60 bytes"):
+        budget.take(1, "a")
+    budget.take(40, "b")  # another address still has the rest
+    with pytest.raises(Overloaded, match="answers being made or sent hold 100 of 100 bytes"):
+        budget.take(1, "c")
+    budget.give_back(60, "a")
+    assert budget.by_client == {"b": 40} and budget.held == 40

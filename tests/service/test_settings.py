@@ -142,3 +142,11 @@ def test_unknown_variables_are_named_with_the_closest_setting():
         "ELMO_FOO is not a setting and is ignored: the settings are listed in README.md, Configuration",
         "elmo_windw is not a setting and is ignored: did you mean ELMO_WINDOW?",
     ]  # ELMO_URL and ELMO_API_KEY: elmo_client's, set where a client runs
+
+
+def test_an_address_s_answer_budget_holds_a_largest_answer(monkeypatch):
+    monkeypatch.setenv("ELMO_MAX_ANSWERS_INFLIGHT_BYTES_PER_CLIENT", str(32 << 20))
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    (line,) = invalid_settings(refused.value)
+    assert line.startswith("ELMO_MAX_ANSWERS_INFLIGHT_BYTES_PER_CLIENT (33554432) is below ELMO_MAX_ANSWER_BYTES")
