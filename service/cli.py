@@ -159,7 +159,7 @@ def serve_main(argv: list[str] | None = None) -> int:
         return 1
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    return 0 if serve(app, settings, on_signal=lambda: start_draining(app)) else 1
+    return 0 if serve(app, settings, on_signal=lambda: start_draining(app), metrics=app.state.runtime.metrics) else 1
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ async def ready(request: Request):
 async def info(request: Request, model: str | None = None):
     chosen = model_named(request, model)
     settings = runtime(request).settings
+    caps = getattr(request.app.state, "connections", None)  # service/api/server.py: the connections' caps in force
     return json_response(
         {
             "model": chosen.name,
@@ -71,6 +72,8 @@ async def info(request: Request, model: str | None = None):
                 "body_min_rate": settings.body_min_rate,
                 "write_timeout_s": settings.write_timeout_s,
                 "max_pipelined": settings.max_pipelined,
+                "max_connections": caps.limit if caps else None,
+                "max_connections_per_client": caps.per_client if caps else None,
                 "queue_tokens": settings.queue_tokens,
                 "batch_tokens": chosen.batch_tokens,
             },
