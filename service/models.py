@@ -15,7 +15,7 @@ import numpy as np
 from prometheus_client import Counter
 
 from service.batching.batcher import Batcher, QueueFull
-from service.batching.in_flight import InFlight
+from service.batching.in_flight import in_flight
 from service.engine.canary import CanaryMismatch, CanaryReport, prove
 from service.engine.session import Engine
 from service.errors import EngineFailed, Overloaded, ServiceError, UnknownModel
@@ -139,7 +139,7 @@ def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
         batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
         batcher = Batcher(
             engine.run,
-            InFlight(engine, settings.window),
+            in_flight(engine, settings.window),
             batch_tokens,
             settings.max_wait_ms / 1000,
             settings.queue_tokens,

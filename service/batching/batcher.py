@@ -83,8 +83,8 @@ class BatchStats:
     """What one engine call was, for the metrics: a window over the sentences in flight (or a retry)."""
 
     sentences: int
-    padded_tokens: int  # rows x the window's longest, boundary tokens included
-    real_tokens: int  # positions computed
+    padded_tokens: int  # positions computed, padding included (the Loop graph's: rows x the longest window)
+    real_tokens: int  # the sentences' own positions, boundary tokens included
     seconds: float
     queue_seconds: list[float]  # of the sentences that joined with it
 
@@ -223,9 +223,8 @@ class Batcher:
         self.busy = True
         try:
             rows_in_flight.admit([entry.sentences[i] for entry, i in joining], joining)
-            window = self._window_length()
-            rows = [(row.tag, min(window, row.length - row.position)) for row in rows_in_flight.rows]
-            finished = rows_in_flight.step(window) if rows else []
+            ran = bool(rows_in_flight.rows)
+            finished = rows_in_flight.step(self._window_length()) if ran else []
         except Exception as err:  # out of memory, say: the rows' state is unknown, run them again whole
             cleared = [row.tag for row in rows_in_flight.clear()]
             failed = cleared + [item for item in joining if item not in cleared]  # those admit did not reach
@@ -236,14 +235,14 @@ class Batcher:
             return 0
         finally:
             self.busy = False
-        if not rows:
+        if not ran:
             return 0
+        sentences, real, computed = rows_in_flight.last_call
         self._on_batch(
             BatchStats(
-                sentences=len(rows),
-                padded_tokens=len(rows)
-                * (rows_in_flight.engine.window or max(n for _, n in rows)),  # what was computed
-                real_tokens=sum(n for _, n in rows),
+                sentences=sentences,
+                padded_tokens=computed,
+                real_tokens=real,
                 seconds=time.perf_counter() - start,
                 queue_seconds=[start - entry.enqueued for entry, _ in joining],
             )
