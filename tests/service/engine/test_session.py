@@ -185,5 +185,5 @@ def test_an_export_of_graph_version_6_is_still_served(tiny_model_dir, engine, se
     for got, want in zip(served.run(sentences[:5]), engine.run(sentences[:5]), strict=True):
         np.testing.assert_array_equal(got, want)
     # Its window graph is of the kind before rows were packed: the engine refuses to feed it, and says why.
-    with pytest.raises(ValueError, match="window graph is of graph version 6.*export it again"):
+    with pytest.raises(ValueError, match=r"window graph is of graph version 6.*export it again"):
         Engine(old, provider="cpu", graph="window")
