@@ -114,6 +114,18 @@ def host_cpu() -> str:
     return f"{platform.processor() or 'unknown'}, {os.cpu_count()} cores"
 
 
+def cpu_flags() -> str:
+    """The vector instructions the CPU has that ONNX Runtime's kernels use (a CPU figure depends on them)."""
+    try:
+        flags = set(
+            next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+        )
+    except (OSError, StopIteration):
+        return "flags unknown"
+    have = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    return " ".join(have) or "no AVX2"
+
+
 # --- placement -------------------------------------------------------------------------------------------------
 
 

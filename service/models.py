@@ -11,10 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from prometheus_client import Counter
 
-from service.batching.batcher import Batcher, QueueFull
+from service.batching.batcher import Batcher, Layers, QueueFull
 from service.batching.in_flight import in_flight
 from service.engine.canary import CanaryMismatch, CanaryReport, prove
 from service.engine.session import Engine
@@ -52,7 +51,7 @@ class ServedModel:
         """Whose Moses rules texts sent to this model are tokenized by (its manifest's)."""
         return self.engine.info.language
 
-    async def embed(self, sentences: list[list[str]], client: str, field: str) -> list[np.ndarray]:
+    async def embed(self, sentences: list[list[str]], client: str, field: str) -> list[Layers]:
         """Each sentence's layers, queued on this model's queue in `client`'s turn; Overloaded when the queue is full
         now, EngineFailed when the engine fails on these sentences alone."""
         try:

@@ -6,7 +6,6 @@ import threading
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
 from fastapi import APIRouter, Request
 
 from service.api.answers import NPZ, Abandoned, Base64, json_response, respond, wants_npz
@@ -14,6 +13,7 @@ from service.api.dependencies import model_named, runtime
 from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
 from service.api.errors import ERRORS
 from service.api.schemas import EmbedRequest, EmbedResponse, TokenizeRequest, TokenizeResponse
+from service.batching.batcher import Layers
 from service.errors import InvalidRequest
 from service.mix import compose
 from service.models import ServedModel
@@ -97,7 +97,7 @@ def embed_answer(
     model: ServedModel,
     output: Output,
     sentences: list[list[str]],
-    results: list[np.ndarray],
+    results: list[Layers],
     cuts: list[dict],
     encoding: str,
     stop: threading.Event | None = None,
@@ -108,7 +108,8 @@ def embed_answer(
         if stop is not None and stop.is_set():
             raise Abandoned
         single_mix = body.mixes is None
-        out = compose(layers, body.output, output.layer_ids, output.mixes, body.pooling, single_mix, body.unit_length)
+        out = compose(layers.result(), body.output, output.layer_ids, output.mixes, body.pooling, single_mix,
+                      body.unit_length)  # fmt: skip
         embedding = Base64(out) if encoding == "base64" else out
         data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
     return {

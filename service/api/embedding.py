@@ -8,13 +8,13 @@ import logging
 import threading
 import time
 
-import numpy as np
 from fastapi import Request
 
 from service.api.answers import Offload
 from service.api.cancellation import Abandoned, off_loop, until_disconnected
 from service.api.dependencies import ready, runtime
 from service.api.middleware import hold_answer
+from service.batching.batcher import Layers
 from service.models import ServedModel
 from service.text.moses import tokenize
 
@@ -69,7 +69,7 @@ def reserve_answer(
     return size
 
 
-async def embedded(request: Request, model: ServedModel, sentences: list[list[str]], field: str) -> list[np.ndarray]:
+async def embedded(request: Request, model: ServedModel, sentences: list[list[str]], field: str) -> list[Layers]:
     """Each sentence's layers from `model`'s queue, in the turn of the client's address; dropped from the queue
     and from flight if the client goes away first. While draining, a request that got in is still served: the
     server stopped accepting connections already."""

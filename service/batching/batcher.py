@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -36,6 +37,24 @@ from service.errors import Overloaded, TooLarge
 
 EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
 log = logging.getLogger("elmo.batcher")
+
+
+class Layers(Protocol):
+    """A sentence's layers, put together when asked for (`result()`: (num_layers, n_tokens, dim) float32)."""
+
+    def result(self) -> np.ndarray: ...
+
+
+class Computed:
+    """Layers computed whole (a retry's `engine.run`), given as the rows in flight give theirs."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def result(self) -> np.ndarray:
+        return self.array
 
 
 class QueueFull(Overloaded):
@@ -65,7 +84,7 @@ class _Entry:
 
     def __post_init__(self) -> None:
         self.tokens = sum(len(s) + 2 for s in self.sentences)  # what it costs the queue, boundaries included
-        self.results: list[np.ndarray | None] = [None] * len(self.sentences)
+        self.results: list[Layers | None] = [None] * len(self.sentences)
         self.pending = len(self.sentences)  # sentences not answered yet
         self.waiting = len(self.sentences)  # sentences still in the queue
         self.unfinished = len(self.sentences)  # sentences not finished in flight (engine thread only)
@@ -133,8 +152,9 @@ class Batcher:
         if self._thread:
             await asyncio.to_thread(self._thread.join)
 
-    async def embed(self, sentences: list[list[str]], client: str = "") -> list[np.ndarray]:
-        """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full now,
+    async def embed(self, sentences: list[list[str]], client: str = "") -> list[Layers]:
+        """Each sentence's layers (`result()`: (num_layers, n_tokens, dim)), put together by the caller where it
+        uses them (a large request's, off the event loop). Raises QueueFull when the queue is full now,
         LargerThanQueue when the request alone is over the queue's size. `client` names whose turn its sentences wait
         for. Cancelling the awaiting task (the client went away) takes the request out of the queue and of
         flight."""
@@ -249,7 +269,8 @@ class Batcher:
         )
         if not finished:
             return 0
-        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row.result()) for row in finished])
+        # each sentence's layers are put together where they are used (`result()`), not on this thread
+        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row) for row in finished])
         completed = 0
         for entry, _ in (row.tag for row in finished):
             entry.unfinished -= 1
@@ -301,12 +322,13 @@ class Batcher:
                 queue_seconds=[],
             )
         )
-        self._loop.call_soon_threadsafe(self._deliver, [(e, i, a) for (e, i), a in zip(batch, layers, strict=True)])
+        computed = [(e, i, Computed(a)) for (e, i), a in zip(batch, layers, strict=True)]
+        self._loop.call_soon_threadsafe(self._deliver, computed)
 
     # ---- back on the event loop ---------------------------------------------------------------------------
 
     @staticmethod
-    def _deliver(results: list[tuple[_Entry, int, np.ndarray]]) -> None:
+    def _deliver(results: list[tuple[_Entry, int, Layers]]) -> None:
         for entry, i, array in results:
             if entry.future.done():
                 continue

@@ -37,9 +37,7 @@ def token_inputs(
     encode: dict[Hashable, int] = {}
     cached: dict[Hashable, int] = {}
     cached_vectors: list[np.ndarray] = []
-    for key in itertools.chain.from_iterable(rows):
-        if key in encode or key in cached:
-            continue
+    for key in dict.fromkeys(itertools.chain.from_iterable(rows)):  # each distinct key once, in order
         vector = cache.get(key) if cache is not None else None
         if vector is None:
             encode[key] = len(encode)

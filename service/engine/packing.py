@@ -26,13 +26,14 @@ Segment = tuple["Sentence", int, int]  # a sentence, its first position in this 
 
 
 class Sentence:
-    """One sentence in flight: its keys (boundaries included) and `layers` (L+1, T, 2P), filled in call by call."""
+    """One sentence in flight: its keys (boundaries included), and what each call computed of it, kept as views of
+    that call's output (no copy on the engine's thread); `result` puts them together where they are consumed."""
 
-    __slots__ = ("done", "keys", "layers", "tag")
+    __slots__ = ("done", "keys", "pieces", "tag")
 
     def __init__(self, tag: object, keys: list[Hashable]):
         self.tag, self.keys = tag, keys  # the caller's tag, to route the result
-        self.layers: np.ndarray | None = None  # allocated when it starts
+        self.pieces: list[tuple[int, int, np.ndarray, int]] = []  # first position, positions, a call's layers, at
         self.done = 0  # positions computed
 
     @property
@@ -49,8 +50,22 @@ class Sentence:
         return self.done == len(self.keys)
 
     def result(self) -> np.ndarray:
-        """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it."""
-        return np.ascontiguousarray(self.layers[:, 1:-1])
+        """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it: the forward half at the
+        positions read, the backward half at the positions the sentence reversed read."""
+        first_layers = self.pieces[0][2]
+        half, length = first_layers.shape[-1], len(self.keys)
+        out = np.empty((first_layers.shape[0], length - 2, 2 * half), np.float32)  # position p at p - 1
+        for first, n, layers, q in self.pieces:  # layers: (L+1, 2, N, P) of the call
+            # forward: positions first .. first+n-1; backward: the sentence reversed read them, so it computed
+            # positions end-n .. end-1 (end = length - first), last first
+            lo, hi = max(first, 1), min(first + n, length - 1)
+            if lo < hi:
+                out[:, lo - 1 : hi - 1, :half] = layers[:, 0, q + lo - first : q + hi - first]
+            end = length - first
+            lo, hi = max(end - n, 1), min(end, length - 1)
+            if lo < hi:
+                out[:, lo - 1 : hi - 1, half:] = layers[:, 1, q : q + n][:, ::-1][:, lo - end + n : hi - end + n]
+        return out
 
 
 class PackedRows:

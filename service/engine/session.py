@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.engine.feeds import Window, bucket, encode_windows, index_rows, place, sentence_keys, token_inputs
+from service.engine.feeds import Window, bucket, encode_windows, place, sentence_keys, token_inputs
 from service.engine.packing import PackedRows, Segment
 from service.engine.providers import check_single_runtime, open_graph, session_options
 from service.engine.token_cache import TokenCache
@@ -121,46 +121,51 @@ class Engine:
     def call_packed(self, rows: list[list[Segment]], source: list[int]) -> int:
         """The window graph: one call on packed rows (service/engine/packing.py). Each segment's positions are
         computed, from the model's initial state where its sentence starts, else from the state row `source[b]`
-        of the last call left, and written into its sentence's layers. Returns the rows computed (the rows given,
-        padded to the shapes the graph is fed in)."""
-        window, half = self.window, self.info.token_dim
+        of the last call left, and kept in its sentence as a view of this call's output. Returns the rows computed
+        (the rows given, padded to the shapes the graph is fed in)."""
+        window = self.window
         padded = self._window.rows(len(rows))
-        forward, backward, positions = [], [], []
-        resets = np.zeros((padded, window), bool)
-        resets[len(rows) :, 0] = True  # rows that pad the call start afresh; nothing reads them
+        # every position's key, forward and backward, row after row; a row's unused positions read the boundary
+        pad = self.mapping.boundaries[0]
+        forward, backward, starts, used = [], [], [], []
         for b, segments in enumerate(rows):
-            fwd, bwd, t = [], [], 0
+            t = 0
             for sentence, first, n in segments:
-                end = sentence.length - first
-                fwd += sentence.keys[first : first + n]
-                bwd += sentence.keys[end - n : end][::-1]
-                resets[b, t] = first == 0
+                keys, end = sentence.keys, sentence.length - first
+                forward += keys[first : first + n]
+                backward += keys[end - n : end][::-1]
+                if first == 0:
+                    starts.append(b * window + t)
                 t += n
-            forward.append(fwd)
-            backward.append(bwd)
-            positions.append(np.arange(b * window, b * window + t))
+            forward += [pad] * (window - t)
+            backward += [pad] * (window - t)
+            used.append(t)
         # Tokens in bucket sizes: few shapes for the char-CNN (each new one is planned, and on a GPU searched for
         # its convolution algorithms), and the same products, so the same bits, with or without CUDA graphs.
-        feeds, index_of, encoded = token_inputs(forward + backward, self.mapping, half, self.token_cache, bucketed=True)
-        shape = (padded, window)
-        feeds["index"] = np.stack([index_rows(forward, index_of, shape), index_rows(backward, index_of, shape)])
-        feeds["resets"] = resets
+        feeds, index_of, encoded = token_inputs((forward, backward), self.mapping, self.info.token_dim,
+                                                self.token_cache, bucketed=True)  # fmt: skip
+        index = np.zeros((2, padded * window), np.int64)  # rows that pad the call read token 0: nothing reads them
+        index[0, : len(forward)] = np.fromiter(map(index_of.__getitem__, forward), np.int64, len(forward))
+        index[1, : len(backward)] = np.fromiter(map(index_of.__getitem__, backward), np.int64, len(backward))
+        feeds["index"] = index.reshape(2, padded, window)
+        resets = np.zeros(padded * window, bool)
+        resets[starts] = True
+        resets[len(rows) * window :: window] = True  # rows that pad the call start afresh
+        feeds["resets"] = resets.reshape(padded, window)
         feeds["source"] = np.zeros(padded, np.int64)
         feeds["source"][: len(rows)] = source
-        flat = np.concatenate(positions)
-        feeds["positions"] = np.zeros(self._window.positions(len(flat), padded), np.int64)  # padding: position 0
-        feeds["positions"][: len(flat)] = flat
+        used = np.array(used)
+        flat = (np.arange(window) < used[:, None]).nonzero()  # the positions computed for a sentence
+        positions = flat[0] * window + flat[1]
+        feeds["positions"] = np.zeros(self._window.positions(len(positions), padded), np.int64)  # padding: 0
+        feeds["positions"][: len(positions)] = positions
         fresh = all(segments[0][1] == 0 for segments in rows)  # no row continues: the state given is not read
         layers, token_vectors = self._window.run(feeds, fresh)
         self._cache(encoded, token_vectors)
         q = 0
         for segments in rows:
             for sentence, first, n in segments:
-                if sentence.layers is None:
-                    sentence.layers = np.empty((self.num_layers, sentence.length, self.dim), np.float32)
-                end = sentence.length - first
-                sentence.layers[:, first : first + n, :half] = layers[:, 0, q : q + n]
-                sentence.layers[:, end - n : end, half:] = layers[:, 1, q : q + n][:, ::-1]
+                sentence.pieces.append((first, n, layers, q))
                 sentence.done = first + n
                 q += n
         return padded
@@ -187,7 +192,6 @@ class _WindowCalls:
         self.pairs: dict[int, tuple[dict, dict]] = {}  # rows -> two state buffers of that many rows
         self.bound: dict[tuple, tuple] = {}  # a captured bucket's fixed buffers, binding and graph id
         self.options: dict[int | None, ort.RunOptions] = {}
-        self.uncaptured: tuple = ()  # the last uncaptured call's values, kept until the next call (`run`)
 
     @staticmethod
     def rows(n: int) -> int:
@@ -197,6 +201,11 @@ class _WindowCalls:
 
     def positions(self, n: int, rows: int) -> int:
         return bucket(n, 16, rows * self.engine.window) if self.fixed else n
+
+    def _host_outputs(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        engine = self.engine
+        layers = np.empty((engine.num_layers, 2, len(feeds["positions"]), engine.info.token_dim), np.float32)
+        return layers, np.empty((len(feeds["token_chars"]), engine.info.token_dim), np.float32)
 
     def _zeros(self, rows: int) -> dict[str, ort.OrtValue]:
         sizes = self.engine.state_sizes
@@ -215,15 +224,16 @@ class _WindowCalls:
                 binding.bind_cpu_input(name, array)
             for name in self.state_names:
                 binding.bind_ortvalue_input(name, self.state[name])
-            for name in LAYER_OUTPUTS:
-                binding.bind_output(name, "cpu")
+            # the layers and token vectors into arrays of our own, on the host: what the sentences keep views of
+            host = self._host_outputs(feeds)
+            for name, array in zip(LAYER_OUTPUTS, host, strict=True):
+                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
             for name in self.state_names:
                 binding.bind_output(f"{name}_next", self.device, self.device_id)
             session.run_with_iobinding(binding, self._options(None))
             values = binding.get_outputs()
             self.state = dict(zip(self.state_names, values[len(LAYER_OUTPUTS) :], strict=True))
-            self.uncaptured = binding, values  # on the CPU the arrays returned are views of them
-            return values[0].numpy(), values[1].numpy()
+            return host
         pair = self.pairs.get(rows) or self.pairs.setdefault(rows, (self._zeros(rows), self._zeros(rows)))
         given = pair[1] if fresh else self.state  # a fresh call reads nothing: give it the buffer it does not write
         written = pair[1] if given is pair[0] else pair[0]
@@ -238,13 +248,10 @@ class _WindowCalls:
         else:
             inputs, binding, outputs, _ = self._fixed_binding(feeds, given, written)
             graph_id = None
-            # kept until the next call: the binding does not hold the values, and on the CPU the arrays returned
-            # below are views of them
-            self.uncaptured = inputs, outputs
         session.run_with_iobinding(binding, self._options(graph_id))
         self.state = written
-        layers, token_vectors = (value.numpy() for value in outputs)
-        return layers, token_vectors
+        # copies of this call's outputs: the sentences keep views of them, and the buffers are written again
+        return tuple(np.array(value.numpy()) for value in outputs)
 
     def _fixed_binding(self, feeds: dict[str, np.ndarray], given: dict, written: dict) -> tuple:
         """Inputs copied to buffers of their own, the state bound by reference, outputs to buffers of their own."""

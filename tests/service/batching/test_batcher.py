@@ -153,7 +153,7 @@ def sentence_tokens(sentences) -> int:
 
 def assert_own_rows(engine, sentences, got) -> None:
     assert len(got) == len(sentences)
-    for s, g in zip(sentences, got, strict=True):
+    for s, g in zip(sentences, (layers.result() for layers in got), strict=True):
         (want,) = engine.run([s])
         assert g.shape == want.shape == (engine.num_layers, len(s), engine.dim)
         # Alone, whole or window by window in any company: the same bits on CPU (1e-6 leaves room for a GPU).
