@@ -27,10 +27,12 @@ $(SERVE_INSTALLED): pyproject.toml scripts/install.sh
 	@rm -f $(VENV)/.installed*
 	@touch $@
 
+# The docs (mkdocs.yml, docs/) build offline into site/; --strict fails on any warning: a broken link or anchor.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -53,8 +55,8 @@ serve: $(SERVE_INSTALLED) $(DEFAULT_MODEL)/manifest.json
 # models/default/ by hand after reading its model card; the committed card adds by hand the data's licence, the
 # word-sense figures of bench/senses and how the run went.
 CORPUS := build/corpus
-$(CORPUS)/train.txt: model_export/corpus.py | install
-	$(BIN)/python -m model_export.corpus --out $(CORPUS)
+$(CORPUS)/train.txt: training/corpus.py training/sources.py | install
+	$(BIN)/python -m training.corpus --out $(CORPUS)
 
 train-default: $(CORPUS)/train.txt
 	$(BIN)/elmo-train --corpus $(CORPUS)/train.txt --heldout $(CORPUS)/heldout.txt --out build/train-default \
@@ -82,12 +84,12 @@ train-cpu-detached: $(CORPUS_ALL)/manifest.json
 # `make corpus-packages` installs the packages (root, or sudo).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 corpus-packages: install
-	$(SUDO) apt-get install -y --no-install-recommends $$($(BIN)/python -m model_export.corpus --sources all --print-packages)
+	$(SUDO) apt-get install -y --no-install-recommends $$($(BIN)/python -m training.corpus --sources all --print-packages)
 
 corpus: $(CORPUS_ALL).tar.xz
 
-$(CORPUS_ALL)/manifest.json: model_export/corpus.py model_export/sources.py | install
-	$(BIN)/python -m model_export.corpus --sources all --out $(CORPUS_ALL)
+$(CORPUS_ALL)/manifest.json: training/corpus.py training/sources.py | install
+	$(BIN)/python -m training.corpus --sources all --out $(CORPUS_ALL)
 
 $(CORPUS_ALL).tar.xz: $(CORPUS_ALL)/manifest.json
 	tar -C build -cf - corpus-all | xz -6 -T0 > $@.tmp && mv $@.tmp $@

@@ -7,7 +7,7 @@ guess (its score is the chance rate, ties broken at random). The sentences are W
 
     python -m bench.senses --model build/models/default --examples build/corpus/examples.jsonl
 
-`examples.jsonl` comes from `python -m model_export.corpus`. The language model read these sentences in training
+`examples.jsonl` comes from `python -m training.corpus`. The language model read these sentences in training
 (all but the held-out synsets'), never their sense labels; `held-out queries` counts only sentences it never read.
 """
 

@@ -6,7 +6,7 @@ backward, gradient clipping, Adam) on batches of real corpus sentences, per conf
 
 Every config runs the same sentences in the same batches (elmo-train's length-bucketed batches of the config's
 batch_tokens, shuffled with one seed), from random weights, for --seconds after two warm-up steps. This ranks
-architectures by cost; `python -m model_export.sweep` then ranks the affordable ones by held-out perplexity.
+architectures by cost; `python -m training.sweep` then ranks the affordable ones by held-out perplexity.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from model_export.language_model import BiLanguageModel, TokenTable, pad_batch
-from model_export.train import load_config, make_batches, read_sentences
-from model_export.vocab import Vocabulary
+from training.language_model import BiLanguageModel, TokenTable, pad_batch
+from training.trainer import load_config, make_batches, read_sentences
+from training.vocab import Vocabulary
 
 
 def sample_sentences(paths: list[Path], n: int, seed: int = 0) -> list[list[str]]:

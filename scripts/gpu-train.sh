@@ -22,7 +22,7 @@ RUN=build/gpu
 CORPUS=build/corpus-all
 CONFIGS=${CONFIGS:-"elmo-small elmo-small-wide"}
 SWEEP=${SWEEP:-1}
-SWEEP_STEPS=${SWEEP_STEPS:-400}           # at most the configs' warm-up (400 steps): see model_export/sweep.py
+SWEEP_STEPS=${SWEEP_STEPS:-400}           # at most the configs' warm-up (400 steps): see training/sweep.py
 SWEEP_MINUTES=${SWEEP_MINUTES:-2.5}       # per candidate
 TRAIN_MINUTES=${TRAIN_MINUTES:-16}        # the whole run's training time, the sweep's share of the winner included
 TRAIN_CALL_MINUTES=${TRAIN_CALL_MINUTES:-7.5}  # per call: loading (~20 s) and the final evaluation (~2 min) fit
@@ -69,7 +69,7 @@ sweep() {
     local configs=$CONFIGS steps=$SWEEP_STEPS
     if [ "$SWEEP" = 0 ]; then configs=elmo-small; steps=50; fi
     # shellcheck disable=SC2046
-    $PY -m model_export.sweep $(corpus_args) --configs $configs --steps "$steps" --max-minutes "$SWEEP_MINUTES" \
+    $PY -m training.sweep $(corpus_args) --configs $configs --steps "$steps" --max-minutes "$SWEEP_MINUTES" \
         --device cuda --precision "$PRECISION" --budget-minutes "$TRAIN_MINUTES" --out "$RUN/sweep" \
         2>&1 | tee "$OUT/sweep.log" | grep -v 'batch/s'
     cp "$RUN/sweep/sweep.json" "$OUT/"
@@ -85,7 +85,7 @@ train() {
     epochs=$($PY -c "import json; print(json.load(open('$RUN/sweep/sweep.json'))['epochs_in_budget'])")
     log "continuing $best for $epochs epochs in all, $TRAIN_CALL_MINUTES minutes in this call"
     # shellcheck disable=SC2046
-    $PY -c "import sys; from model_export.cli import train_main; sys.exit(train_main())" $(corpus_args) \
+    $PY -c "import sys; from training.cli import train_main; sys.exit(train_main())" $(corpus_args) \
         --out "$RUN/sweep/$best" --config "$best" --device cuda --precision "$PRECISION" --epochs "$epochs" \
         --max-minutes "$TRAIN_CALL_MINUTES" 2>&1 | tee "$OUT/train-$(date +%s).log" | grep -v 'batch/s' | tail -40
     if [ -f "$RUN/sweep/$best/train_log.json" ]; then
@@ -114,10 +114,10 @@ fetch() {  # here, not on the GPU machine
     tar -C "$to" -xzf "$from/model-files.tar.gz"
     cp "$from"/sweep.json "$to/" 2>/dev/null || true
     (cd "$to" && sha256sum -c "$from/SHA256SUMS")
-    .venv/bin/python -c "import json, pathlib; from model_export.train import plot_curve; \
+    .venv/bin/python -c "import json, pathlib; from training.trainer import plot_curve; \
 plot_curve(json.load(open('$to/train_log.json'))['history'], pathlib.Path('$to/training_curve.png'))"
     .venv/bin/elmo-export --options "$to/options.json" --weights "$to/weights.hdf5" --out build/models/gpu-model
-    [ -f build/corpus/examples.jsonl ] || .venv/bin/python -m model_export.corpus --out build/corpus
+    [ -f build/corpus/examples.jsonl ] || .venv/bin/python -m training.corpus --out build/corpus
     .venv/bin/python -m bench.senses --model build/models/gpu-model --examples build/corpus/examples.jsonl
     .venv/bin/python -m bench.syntax --model build/models/gpu-model --examples build/corpus/examples.jsonl
     # the control: the same architecture with random weights

@@ -375,13 +375,13 @@ def test_kubernetes_service_and_autoscaler_point_at_the_deployment(kube):
     assert kube["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
-# ---- README
+# ---- the docs
 
 
-def test_readme_documents_every_setting():
-    readme = (ROOT / "README.md").read_text()
-    missing = [name for name in SETTINGS if f"`{name}`" not in readme]
-    assert not missing, f"README.md's configuration table lacks {missing}"
+def test_the_docs_document_every_setting():
+    table = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [name for name in SETTINGS if f"`{name}`" not in table]
+    assert not missing, f"docs/configuration.md's table of settings lacks {missing}"
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 
 from model_export.export import torch_layers
-from model_export.vocab import Vocabulary
 from model_export.weights import load_bilm
+from training.vocab import Vocabulary
 
 DEFAULT = Path(__file__).resolve().parents[2] / "models" / "default"
 BUDGET_BYTES = 20 * 1000 * 1000

@@ -10,11 +10,11 @@ becomes two lines, `a building in which the business of banking transacted` and 
 tokenized with the service's Moses tokenizer (so training and serving split text alike), one sentence per line.
 Every 50th synset (by a hash of its offset, so the split never changes) goes to the held-out file, whole.
 
-    python -m model_export.corpus --out build/corpus   # -> train.txt, heldout.txt, examples.jsonl
+    python -m training.corpus --out build/corpus   # -> train.txt, heldout.txt, examples.jsonl
 
-With `--sources`, it builds the larger corpus from several installable sources (`model_export/sources.py`):
+With `--sources`, it builds the larger corpus from several installable sources (`training/sources.py`):
 
-    python -m model_export.corpus --sources all --out build/corpus-all
+    python -m training.corpus --sources all --out build/corpus-all
     # -> train/<source>.txt, heldout/<source>.txt, examples.jsonl, manifest.json
 
 each source's text cut into sentences, tokenized the same way, deduplicated across all sources (the first
@@ -32,54 +32,20 @@ import re
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from service.text.moses import tokenize
+from training.sources import SOURCES, WORDNET_DIR, Source, read_wordnet, split_sentences
 
-WORDNET_DIR = Path("/usr/share/wordnet")
-PARTS_OF_SPEECH = ("noun", "verb", "adj", "adv")
 HELDOUT_EVERY = 50
-_QUOTED = re.compile(r'"([^"]*)"')
 
 
-@dataclass(frozen=True)
-class Synset:
-    key: str  # part of speech and offset, e.g. "n02787772"
-    lemmas: tuple[str, ...]  # with spaces for underscores: "perk up"
-    definitions: tuple[str, ...]
-    examples: tuple[str, ...]
-
-    @property
-    def heldout(self) -> bool:
-        return zlib.crc32(self.key.encode()) % HELDOUT_EVERY == 0
-
-
-def parse_data_line(line: str, pos: str) -> Synset | None:
-    """One line of a WordNet `data.*` file; None for the license header."""
-    if line.startswith("  ") or " | " not in line:
-        return None
-    head, gloss = line.split(" | ", 1)
-    fields = head.split()
-    n_words = int(fields[3], 16)
-    lemmas = tuple(re.sub(r"\(.*\)$", "", w).replace("_", " ") for w in fields[4 : 4 + 2 * n_words : 2])
-    examples = tuple(e.strip() for e in _QUOTED.findall(gloss) if e.strip())
-    rest = _QUOTED.sub("", gloss)
-    definitions = tuple(d.strip() for d in rest.split(";") if d.strip() and re.search(r"\w", d))
-    return Synset(pos[0] + fields[0], lemmas, definitions, examples)
-
-
-def read_wordnet(wordnet_dir: Path = WORDNET_DIR) -> Iterator[Synset]:
-    for pos in PARTS_OF_SPEECH:
-        path = wordnet_dir / f"data.{pos}"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found: install the Debian package wordnet-base")
-        with path.open(encoding="utf-8", errors="replace") as f:
-            for line in f:
-                synset = parse_data_line(line.rstrip("\n"), pos)
-                if synset is not None:
-                    yield synset
+def source_heldout(source: str, key: str) -> bool:
+    """Whether a unit goes to the held-out side: every 50th key by its crc32. A WordNet synset's key goes in
+    alone, without the source's name, so that the WordNet corpus and the corpus of several sources hold out the
+    same synsets."""
+    label = key if source == "wordnet" else f"{source}:{key}"
+    return zlib.crc32(label.encode()) % HELDOUT_EVERY == 0
 
 
 def build_corpus(out_dir: Path, wordnet_dir: Path = WORDNET_DIR) -> dict[str, int]:
@@ -94,7 +60,7 @@ def build_corpus(out_dir: Path, wordnet_dir: Path = WORDNET_DIR) -> dict[str, in
     ):
         for synset in read_wordnet(wordnet_dir):
             counts["synsets"] += 1
-            split, out = ("heldout", heldout) if synset.heldout else ("train", train)
+            split, out = ("heldout", heldout) if source_heldout("wordnet", synset.key) else ("train", train)
             for text in synset.definitions + synset.examples:
                 tokens = tokenize(text)
                 if tokens:
@@ -119,12 +85,6 @@ def looks_like_prose(tokens: list[str]) -> bool:
     return sum(1 for t in tokens if _WORDLIKE.fullmatch(t)) >= 0.8 * len(tokens)
 
 
-def source_heldout(source: str, key: str) -> bool:
-    # WordNet keeps the rule of the WordNet-only corpus above, so that its held-out synsets stay the same.
-    label = key if source == "wordnet" else f"{source}:{key}"
-    return zlib.crc32(label.encode()) % HELDOUT_EVERY == 0
-
-
 def package_versions(packages: tuple[str, ...]) -> dict[str, str | None]:
     versions = {}
     for package in packages:
@@ -145,11 +105,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_sources(out_dir: Path, names: list[str], sources: dict | None = None) -> dict:
+def build_sources(out_dir: Path, names: list[str], sources: dict[str, Source] | None = None) -> dict:
     """Write train/<name>.txt and heldout/<name>.txt for each source, examples.jsonl (WordNet's usage examples,
     when wordnet is among them) and manifest.json; returns the manifest."""
-    from model_export.sources import SOURCES, split_sentences
-
     sources = sources or SOURCES
     unknown = [n for n in names if n not in sources]
     if unknown:
@@ -158,64 +116,17 @@ def build_sources(out_dir: Path, names: list[str], sources: dict | None = None) 
         (out_dir / split).mkdir(parents=True, exist_ok=True)
     seen: set[bytes] = set()  # every kept sentence, train or held out, over all sources
     manifest = {
-        "heldout_rule": f"every {HELDOUT_EVERY}th unit by crc32 of its key (model_export.corpus.source_heldout)",
+        "heldout_rule": f"every {HELDOUT_EVERY}th unit by crc32 of its key (training.corpus.source_heldout)",
         "tokenizer": "sacremoses Moses (en), escape=False, aggressive_dash_splits=False (service.text.moses)",
         "filters": {"min_tokens": MIN_TOKENS, "max_tokens": MAX_TOKENS, "deduplicated": "exact, across sources"},
         "sources": {},
     }
     for name in names:
-        source = sources[name]
-        counts = {"units": 0, "duplicate": 0, "too_short": 0, "too_long": 0, "not_prose": 0}
-        sizes = {"train": [0, 0], "heldout": [0, 0]}  # sentences, tokens
-        with (
-            (out_dir / "train" / f"{name}.txt").open("w", encoding="utf-8") as train_file,
-            (out_dir / "heldout" / f"{name}.txt").open("w", encoding="utf-8") as heldout_file,
-        ):
-            for unit in source.read():
-                counts["units"] += 1
-                split = "heldout" if source_heldout(name, unit.key) else "train"
-                out = heldout_file if split == "heldout" else train_file
-                for paragraph in unit.paragraphs:
-                    for sentence in split_sentences(paragraph) if unit.split_sentences else [paragraph]:
-                        tokens = tokenize(sentence)
-                        if len(tokens) < MIN_TOKENS:
-                            counts["too_short"] += 1
-                            continue
-                        if len(tokens) > MAX_TOKENS:
-                            counts["too_long"] += 1
-                            continue
-                        if source.prose_filter and not looks_like_prose(tokens):
-                            counts["not_prose"] += 1
-                            continue
-                        line = " ".join(tokens)
-                        digest = hashlib.blake2b(line.encode(), digest_size=12).digest()
-                        if digest in seen:
-                            counts["duplicate"] += 1
-                            continue
-                        seen.add(digest)
-                        out.write(line + "\n")
-                        sizes[split][0] += 1
-                        sizes[split][1] += len(tokens)
-        entry = {
-            "packages": package_versions(source.packages),
-            "license": source.license,
-            "copyright_file": source.copyright_file,
-            **counts,
-        }
-        for split in ("train", "heldout"):
-            path = out_dir / split / f"{name}.txt"
-            entry[split] = {"file": f"{split}/{name}.txt", "sentences": sizes[split][0], "tokens": sizes[split][1],
-                            "sha256": _sha256(path)}  # fmt: skip
-        manifest["sources"][name] = entry
+        entry = manifest["sources"][name] = _write_source(out_dir, name, sources[name], seen)
         print(f"{name}: {entry['train']['tokens']:,} training tokens, {entry['heldout']['tokens']:,} held out",
               file=sys.stderr, flush=True)  # fmt: skip
     if "wordnet" in names:
-        with (out_dir / "examples.jsonl").open("w") as examples:
-            for synset in read_wordnet():
-                for text in synset.examples:
-                    split = "heldout" if synset.heldout else "train"
-                    record = {"synset": synset.key, "lemmas": synset.lemmas, "tokens": tokenize(text), "split": split}
-                    examples.write(json.dumps(record) + "\n")
+        _write_examples(out_dir / "examples.jsonl")
     manifest["total"] = {
         split: {k: sum(e[split][k] for e in manifest["sources"].values()) for k in ("sentences", "tokens")}
         for split in ("train", "heldout")
@@ -224,9 +135,64 @@ def build_sources(out_dir: Path, names: list[str], sources: dict | None = None) 
     return manifest
 
 
-def main(argv: list[str] | None = None) -> int:
-    from model_export.sources import SOURCES
+def _write_source(out_dir: Path, name: str, source: Source, seen: set[bytes]) -> dict:
+    """One source's train/<name>.txt and heldout/<name>.txt: its sentences that pass the filters and are not in
+    `seen` (which it extends); returns the source's manifest entry."""
+    counts = {"units": 0, "duplicate": 0, "too_short": 0, "too_long": 0, "not_prose": 0}
+    sizes = {"train": [0, 0], "heldout": [0, 0]}  # sentences, tokens
+    with (
+        (out_dir / "train" / f"{name}.txt").open("w", encoding="utf-8") as train_file,
+        (out_dir / "heldout" / f"{name}.txt").open("w", encoding="utf-8") as heldout_file,
+    ):
+        for unit in source.read():
+            counts["units"] += 1
+            split = "heldout" if source_heldout(name, unit.key) else "train"
+            out = heldout_file if split == "heldout" else train_file
+            for paragraph in unit.paragraphs:
+                for sentence in split_sentences(paragraph) if unit.split_sentences else [paragraph]:
+                    tokens = tokenize(sentence)
+                    if len(tokens) < MIN_TOKENS:
+                        counts["too_short"] += 1
+                        continue
+                    if len(tokens) > MAX_TOKENS:
+                        counts["too_long"] += 1
+                        continue
+                    if source.prose_filter and not looks_like_prose(tokens):
+                        counts["not_prose"] += 1
+                        continue
+                    line = " ".join(tokens)
+                    digest = hashlib.blake2b(line.encode(), digest_size=12).digest()
+                    if digest in seen:
+                        counts["duplicate"] += 1
+                        continue
+                    seen.add(digest)
+                    out.write(line + "\n")
+                    sizes[split][0] += 1
+                    sizes[split][1] += len(tokens)
+    entry = {
+        "packages": package_versions(source.packages),
+        "license": source.license,
+        "copyright_file": source.copyright_file,
+        **counts,
+    }
+    for split in ("train", "heldout"):
+        path = out_dir / split / f"{name}.txt"
+        entry[split] = {"file": f"{split}/{name}.txt", "sentences": sizes[split][0], "tokens": sizes[split][1],
+                        "sha256": _sha256(path)}  # fmt: skip
+    return entry
 
+
+def _write_examples(path: Path) -> None:
+    """WordNet's usage examples, each with its synset, lemmas and split (for the word-sense benchmarks)."""
+    with path.open("w") as examples:
+        for synset in read_wordnet():
+            for text in synset.examples:
+                split = "heldout" if source_heldout("wordnet", synset.key) else "train"
+                record = {"synset": synset.key, "lemmas": synset.lemmas, "tokens": tokenize(text), "split": split}
+                examples.write(json.dumps(record) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Build the WordNet gloss corpus (train.txt, heldout.txt), or with --sources the corpus of "
         "several sources (train/, heldout/, manifest.json)."

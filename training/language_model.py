@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from model_export.bilm import BiLM, CharCNN, reverse_each
 from model_export.options import BiLMOptions
-from model_export.vocab import BOS, EOS, Vocabulary
 from service.text.chars import PAD_CHAR, token_char_ids
+from training.vocab import BOS, EOS, Vocabulary
 
 PAD_ID = PAD_CHAR + 1  # the char id of the positions after a word's end marker
 LENGTH_GROUPS = 4  # groups of words of similar length that the char-CNN convolves separately in training

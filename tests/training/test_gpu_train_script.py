@@ -1,6 +1,6 @@
 """scripts/gpu-train.sh, the GPU training plan: what can be checked without a GPU (its steps themselves run only on
-the lent GPU machine; their parts, elmo-train --device cuda, model_export.sweep and the corpus, are tested in
-test_train.py and test_corpus.py)."""
+the lent GPU machine; their parts, elmo-train --device cuda, training.sweep and the corpus, are tested in
+tests/training/)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu-train.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-train.sh"
 
 
 def test_the_script_parses_and_names_its_steps():

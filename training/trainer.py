@@ -27,12 +27,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from model_export.bigram import bigram_perplexities
 from model_export.initial_state import mean_final_state
-from model_export.language_model import BiLanguageModel, Perplexity, TokenTable, pad_batch, perplexity
 from model_export.options import BiLMOptions, load_options
-from model_export.vocab import Vocabulary
 from model_export.weights import load_published_weights, random_bilm, write_published_weights
+from training.bigram import bigram_perplexities
+from training.language_model import BiLanguageModel, Perplexity, TokenTable, pad_batch, perplexity
+from training.model_card import model_card
+from training.vocab import Vocabulary
 
 CONFIGS = Path(__file__).with_name("configs")
 CHECKPOINT = "checkpoint.pt"
@@ -415,6 +416,43 @@ def train(
     if precision not in PRECISIONS:
         raise ValueError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    description, options, cfg = _run_settings(config, init, epochs, steps)
+    torch.manual_seed(cfg.seed)
+    text = read_text(corpus, heldout)
+    fingerprint = run_fingerprint(corpus, heldout, init, config)
+    checkpoint = _read_checkpoint(out_dir, fingerprint)
+    if checkpoint is not None:
+        vocab, options, cfg = _resumed_settings(checkpoint, out_dir, epochs, steps, batch_tokens)
+    else:  # a new run: its batch size is fixed now, by the device unless given
+        vocab = _new_vocabulary(text, cfg, init)
+        device_default = cfg.cuda_batch_tokens if torch_device.type == "cuda" else cfg.batch_tokens
+        cfg = replace(cfg, batch_tokens=batch_tokens or device_default)
+    trainer = _start_trainer(options, vocab, cfg, out_dir, fingerprint, precision, torch_device, init, checkpoint)
+    table = TokenTable(vocab, options.max_chars)
+    # the training rows first: the table numbers words in the order it meets them
+    train_rows = [table.encode(s) for s in text.train]
+    heldout_rows = [table.encode(s) for s in text.heldout]
+    print(
+        f"{len(text.train)} training sentences ({text.train_tokens} tokens), {len(text.heldout)} held out; "
+        f"vocabulary {len(vocab)}; {cfg.epochs} epochs{f' or {cfg.steps} steps' if cfg.steps else ''}; "
+        f"batches of {cfg.batch_tokens} tokens on {torch_device} "
+        f"in {precision}",
+        flush=True,
+    )
+    deadline = started + 60 * max_minutes if max_minutes is not None else None
+    _stop_on_signals(trainer)
+    if not trainer.fit(train_rows, heldout_rows, table, stop_after_steps, deadline):
+        state = trainer.state
+        return {"finished": False, "out": str(out_dir)} | {k: state[k] for k in ("epoch", "batch", "step")}
+    run = _Run(description, corpus, heldout, init, options, torch_device, precision)
+    return _finish(trainer, table, text, run)
+
+
+def _run_settings(
+    config: str, init: Path | None, epochs: int | None, steps: int | None
+) -> tuple[str, BiLMOptions, TrainingConfig]:
+    """The config's description, the architecture (--init's, when given) and the training settings, --epochs and
+    --steps applied."""
     description, options, cfg = load_config(config)
     if epochs is not None:
         cfg = replace(cfg, epochs=epochs)
@@ -424,8 +462,26 @@ def train(
         options = load_options(init / "options.json")
     if options is None:
         raise ValueError(f"--config {config} has no architecture (options); give one or --init")
-    torch.manual_seed(cfg.seed)
+    return description, options, cfg
 
+
+@dataclass(frozen=True)
+class TrainingText:
+    train: list[list[str]]
+    heldout_sets: dict[str, list[list[str]]]  # by held-out file name, or {"heldout": every 50th corpus line}
+
+    @property
+    def heldout(self) -> list[list[str]]:
+        return [s for sentences in self.heldout_sets.values() for s in sentences]
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(len(s) for s in self.train)
+
+
+def read_text(corpus: list[Path], heldout: list[Path] | None) -> TrainingText:
+    """The training and held-out sentences: the corpus and the --heldout files, or without them every 50th corpus
+    line held out. A held-out file that is empty or shares another's name is refused before anything trains."""
     sentences = read_sentences(corpus)
     if heldout:
         read = {Path(p): read_sentences([p]) for p in heldout}
@@ -433,52 +489,71 @@ def train(
             raise ValueError(f"held-out file with no sentences: {', '.join(empty)}")
         if len({p.stem for p in read}) < len(read):
             raise ValueError("held-out files are reported by name: give files of different names")
-        heldout_sets = {p.stem: v for p, v in read.items()}
-        train_sentences, heldout_sentences = sentences, [s for v in heldout_sets.values() for s in v]
+        text = TrainingText(sentences, {p.stem: v for p, v in read.items()})
     else:
-        train_sentences = [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1]
-        heldout_sentences = [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]
-        heldout_sets = {"heldout": heldout_sentences}
-    if not train_sentences or not heldout_sentences:
+        text = TrainingText(
+            [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY != HELDOUT_EVERY - 1],
+            {"heldout": [s for i, s in enumerate(sentences) if i % HELDOUT_EVERY == HELDOUT_EVERY - 1]},
+        )
+    if not text.train or not text.heldout:
         raise ValueError("the corpus needs training and held-out sentences (give --heldout or more lines)")
+    return text
 
-    fingerprint = run_fingerprint(corpus, heldout, init, config)
-    checkpoint = (
-        torch.load(out_dir / CHECKPOINT, weights_only=False, map_location="cpu")
-        if (out_dir / CHECKPOINT).exists()
-        else None
-    )
-    if checkpoint is not None:
-        if checkpoint.get("fingerprint", fingerprint) != fingerprint:
-            raise ValueError(
-                f"{out_dir / CHECKPOINT} belongs to another run (its corpus, held-out text, --config or --init "
-                "differ): choose another --out, or delete the checkpoint to start over"
-            )
-        vocab = Vocabulary(checkpoint["vocab"])
-        options = BiLMOptions.from_dict(checkpoint["options"])
-        saved = TrainingConfig.from_dict(checkpoint["config"])
-        cfg = replace(saved, epochs=epochs) if epochs is not None else saved  # more epochs continue the run
-        cfg = replace(cfg, steps=steps) if steps is not None else cfg  # so does another step budget
-        if batch_tokens is not None and batch_tokens != saved.batch_tokens:
-            raise ValueError(
-                f"{out_dir / CHECKPOINT} was made with batches of {saved.batch_tokens} tokens: resume without "
-                "--batch-tokens (the run keeps its batches on any device), or choose another --out"
-            )
-    elif init is not None and can_continue_softmax(init):
-        vocab = Vocabulary.load(init / "vocab.txt")  # new words are still read, through their characters
-    else:
-        vocab = Vocabulary.build(train_sentences, cfg.vocab_size, cfg.min_count)
-    if checkpoint is None:  # the batch size is fixed at the start, by the device unless given
-        device_default = cfg.cuda_batch_tokens if torch_device.type == "cuda" else cfg.batch_tokens
-        cfg = replace(cfg, batch_tokens=batch_tokens or device_default)
+
+def _read_checkpoint(out_dir: Path, fingerprint: dict) -> dict | None:
+    """out_dir's checkpoint, if there is one; refused when it belongs to another run."""
+    if not (out_dir / CHECKPOINT).exists():
+        return None
+    checkpoint = torch.load(out_dir / CHECKPOINT, weights_only=False, map_location="cpu")
+    if checkpoint.get("fingerprint", fingerprint) != fingerprint:
+        raise ValueError(
+            f"{out_dir / CHECKPOINT} belongs to another run (its corpus, held-out text, --config or --init "
+            "differ): choose another --out, or delete the checkpoint to start over"
+        )
+    return checkpoint
+
+
+def _resumed_settings(
+    checkpoint: dict, out_dir: Path, epochs: int | None, steps: int | None, batch_tokens: int | None
+) -> tuple[Vocabulary, BiLMOptions, TrainingConfig]:
+    """The vocabulary, architecture and settings a checkpoint was made with; more epochs or another step budget
+    continue the run, other batches are refused."""
+    vocab = Vocabulary(checkpoint["vocab"])
+    options = BiLMOptions.from_dict(checkpoint["options"])
+    saved = TrainingConfig.from_dict(checkpoint["config"])
+    cfg = replace(saved, epochs=epochs) if epochs is not None else saved  # more epochs continue the run
+    cfg = replace(cfg, steps=steps) if steps is not None else cfg  # so does another step budget
+    if batch_tokens is not None and batch_tokens != saved.batch_tokens:
+        raise ValueError(
+            f"{out_dir / CHECKPOINT} was made with batches of {saved.batch_tokens} tokens: resume without "
+            "--batch-tokens (the run keeps its batches on any device), or choose another --out"
+        )
+    return vocab, options, cfg
+
+
+def _new_vocabulary(text: TrainingText, cfg: TrainingConfig, init: Path | None) -> Vocabulary:
+    if init is not None and can_continue_softmax(init):
+        return Vocabulary.load(init / "vocab.txt")  # new words are still read, through their characters
+    return Vocabulary.build(text.train, cfg.vocab_size, cfg.min_count)
+
+
+def _start_trainer(
+    options: BiLMOptions,
+    vocab: Vocabulary,
+    cfg: TrainingConfig,
+    out_dir: Path,
+    fingerprint: dict,
+    precision: str,
+    device: torch.device,
+    init: Path | None,
+    checkpoint: dict | None,
+) -> Trainer:
+    """The model, new (random weights, or --init's) or as the checkpoint left it, on its device, with its
+    optimizer."""
     model = BiLanguageModel(options, len(vocab), cfg.dropout)
     model.bilm.load_state_dict(random_bilm(options, seed=cfg.seed).state_dict())
     softmax_carried = init_from(model, init) if init is not None and checkpoint is None else False
-    model.to(torch_device)
-
-    table = TokenTable(vocab, options.max_chars)
-    train_rows = [table.encode(s) for s in train_sentences]
-    heldout_rows = [table.encode(s) for s in heldout_sentences]
+    model.to(device)
     trainer = Trainer(model, vocab, cfg, out_dir, fingerprint, precision)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
@@ -487,71 +562,91 @@ def train(
         )
     if init is not None and checkpoint is None:
         print(f"fine-tuning {init}: " + ("its softmax and vocabulary" if softmax_carried else "a new softmax"))
-    n_train_tokens = sum(len(s) for s in train_sentences)
-    print(
-        f"{len(train_sentences)} training sentences ({n_train_tokens} tokens), {len(heldout_sentences)} held out; "
-        f"vocabulary {len(vocab)}; {cfg.epochs} epochs{f' or {cfg.steps} steps' if cfg.steps else ''}; "
-        f"batches of {cfg.batch_tokens} tokens on {torch_device} "
-        f"in {precision}",
-        flush=True,
-    )
-    deadline = started + 60 * max_minutes if max_minutes is not None else None
-    if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+    return trainer
 
-        def request_stop(*_):
-            if trainer.stop_requested:  # asked twice: stop now, losing at most checkpoint_minutes
-                raise KeyboardInterrupt
-            trainer.stop_requested = True
-            print("stopping at a checkpoint after this step (again: stop now)", flush=True)
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, request_stop)
-    if not trainer.fit(train_rows, heldout_rows, table, stop_after_steps, deadline):
-        state = trainer.state
-        return {"finished": False, "out": str(out_dir)} | {k: state[k] for k in ("epoch", "batch", "step")}
+def _stop_on_signals(trainer: Trainer) -> None:
+    """SIGTERM or SIGINT (Ctrl-C) stops the run at a checkpoint after the step in progress; a second one at once."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers can only be set there
+        return
 
+    def request_stop(*_):
+        if trainer.stop_requested:  # asked twice: stop now, losing at most checkpoint_minutes
+            raise KeyboardInterrupt
+        trainer.stop_requested = True
+        print("stopping at a checkpoint after this step (again: stop now)", flush=True)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, request_stop)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What the log says of a run besides its text and its trainer."""
+
+    description: str
+    corpus: list[Path]
+    heldout: list[Path] | None
+    init: Path | None
+    options: BiLMOptions
+    device: torch.device
+    precision: str
+
+
+def _finish(trainer: Trainer, table: TokenTable, text: TrainingText, run: _Run) -> dict:
+    """A finished run's output folder: the evaluation, the model, the curve, train_log.json and MODEL_CARD.md;
+    returns the log."""
+    model, vocab, out_dir = trainer.model, trainer.vocab, trainer.out_dir
     model.eval()
-    evaluation = evaluate(model, train_sentences, heldout_sets, table, vocab)
+    evaluation = evaluate(model, text.train, text.heldout_sets, table, vocab)
     write_model(model, vocab, out_dir)
     plot_curve(trainer.history, out_dir / "training_curve.png")
-    log = {
-        "description": description,
-        "corpus": [str(p) for p in corpus],
-        "heldout": [str(p) for p in heldout] if heldout else f"every {HELDOUT_EVERY}th corpus line",
-        "init": str(init) if init else None,
-        "train_sentences": len(train_sentences),
-        "train_tokens": n_train_tokens,
+    log = _training_log(trainer, text, evaluation, run)
+    (out_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    (out_dir / "MODEL_CARD.md").write_text(model_card(log, out_dir, WARMUP_SENTENCES))
+    return log | {"finished": True}
+
+
+def _training_log(trainer: Trainer, text: TrainingText, evaluation: Evaluation, run: _Run) -> dict:
+    """train_log.json's content."""
+    heldout_sentences = text.heldout
+    return {
+        "description": run.description,
+        "corpus": [str(p) for p in run.corpus],
+        "heldout": [str(p) for p in run.heldout] if run.heldout else f"every {HELDOUT_EVERY}th corpus line",
+        "init": str(run.init) if run.init else None,
+        "train_sentences": len(text.train),
+        "train_tokens": text.train_tokens,
         "heldout_sentences": len(heldout_sentences),
         "heldout_tokens": sum(len(s) for s in heldout_sentences),
-        "vocab_size": len(vocab),
+        "vocab_size": len(trainer.vocab),
         "vocab_coverage_heldout": round(
-            sum(w in vocab.index for s in heldout_sentences for w in s) / sum(len(s) for s in heldout_sentences), 4
+            sum(w in trainer.vocab.index for s in heldout_sentences for w in s)
+            / sum(len(s) for s in heldout_sentences),
+            4,
         ),
-        "parameters": parameter_count(model),
-        "config": asdict(cfg),
-        "options": options.to_dict(),
+        "parameters": parameter_count(trainer.model),
+        "config": asdict(trainer.config),
+        "options": run.options.to_dict(),
         "train_seconds": round(trainer.state["train_seconds"], 1),
         "steps": trainer.state["step"],
         "tokens_seen": trainer.state["tokens"],  # predictions per direction: each word and each sentence end
-        "machine": machine(torch_device),
-        "device": torch_device.type,
-        "precision": precision,
+        "machine": machine(run.device),
+        "device": run.device.type,
+        "precision": run.precision,
         "heldout_perplexity": {
             "bilm_zero_state": evaluation.zero.as_dict(),
             "bilm_warm_state": evaluation.warm.as_dict(),
             "kneser_ney_bigram": evaluation.bigram,
         },
         "heldout_perplexity_by_file": evaluation.by_file,
-        "sources": corpus_sources(corpus),
+        "sources": corpus_sources(run.corpus),
         "history": trainer.history,
     }
-    (out_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    (out_dir / "MODEL_CARD.md").write_text(model_card(log, out_dir))
-    return log | {"finished": True}
 
 
 def corpus_sources(corpus: list[Path]) -> dict | None:
-    """The manifest of `python -m model_export.corpus --sources` beside the training files (its train/ folder's
+    """The manifest of `python -m training.corpus --sources` beside the training files (its train/ folder's
     parent), if there is one: each source's package, licence and tokens go into the model card."""
     manifest = Path(corpus[0]).resolve().parent.parent / "manifest.json"
     if not manifest.exists():
@@ -566,97 +661,3 @@ def corpus_sources(corpus: list[Path]) -> dict | None:
 def machine(device: torch.device) -> str:
     where = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
     return f"{torch.cuda.get_device_name(device)}, {where}" if device.type == "cuda" else where
-
-
-def _sources_table(sources: dict | None) -> list[str]:
-    if not sources:
-        return []
-    lines = ["", "| source | Debian packages (version) | licence | training tokens |", "|---|---|---|---|"]
-    for name, s in sources.items():
-        packages = ", ".join(f"{p} ({v})" for p, v in s["packages"].items())
-        lines.append(f"| {name} | {packages} | {s['license']} | {s['train_tokens']:,} |")
-    return lines
-
-
-def _by_file_table(by_file: dict) -> list[str]:
-    if not by_file:
-        return []
-    lines = ["", "By held-out file (zero initial state; Kneser-Ney bigram on the same text):", "",
-             "| held out | tokens | biLM forward | biLM backward | bigram forward | bigram backward |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for name, f in by_file.items():
-        b, k = f["bilm_zero_state"], f["kneser_ney_bigram"]
-        lines.append(
-            f"| {name} | {f['tokens']} | {b['forward']} | {b['backward']} | {k['forward']} | {k['backward']} |"
-        )
-    return lines
-
-
-def _length(log: dict) -> str:
-    """How long the run was: its epochs, or the share of one epoch that its step budget covered."""
-    if log["config"].get("steps") and log["steps"] == log["config"]["steps"]:
-        share = log["tokens_seen"] / (log["train_tokens"] + log["train_sentences"])  # predictions in one epoch
-        return f"a budget of {log['steps']} steps ({100 * share:.0f}% of one epoch)"
-    return f"{log['config']['epochs']} epochs"
-
-
-def model_card(log: dict, out_dir: Path) -> str:
-    ppl = log["heldout_perplexity"]
-    opt, cnn = log["options"], log["options"]["char_cnn"]
-
-    def row(name: str, p: dict) -> str:
-        return f"| {name} | {p['forward']} | {p['backward']} |"
-
-    sizes = {
-        name: (out_dir / name).stat().st_size for name in ("weights.hdf5", "softmax.hdf5") if (out_dir / name).exists()
-    }
-    lines = [
-        "# Model card",
-        "",
-        log["description"] or "A biLM trained with elmo-train.",
-        "",
-        "## Data",
-        f"- Training: {', '.join(log['corpus'])}: {log['train_sentences']} sentences, {log['train_tokens']} tokens.",
-        f"- Held out: {log['heldout']}: {log['heldout_sentences']} sentences, {log['heldout_tokens']} tokens.",
-        f"- Output vocabulary: {log['vocab_size']} words including <S>, </S>, <UNK>; "
-        f"covers {100 * log['vocab_coverage_heldout']:.1f}% of held-out tokens (the rest are predicted as <UNK>, "
-        "but every word is read through its characters).",
-        *([f"- Fine-tuned from: {log['init']}"] if log["init"] else []),
-        *_sources_table(log.get("sources")),
-        "",
-        "## Architecture and size",
-        f"- char-CNN: {cnn['embedding']['dim']}-dim char embeddings, filters {cnn['filters']}, "
-        f"{cnn['n_highway']} highway layer(s), {cnn['activation']}.",
-        f"- {opt['lstm']['n_layers']} biLSTM layers of {opt['lstm']['dim']} cells projected to "
-        f"{opt['lstm']['projection_dim']}, cell clip {opt['lstm']['cell_clip']}, projection clip "
-        f"{opt['lstm']['proj_clip']}, residual connection: {opt['lstm']['use_skip_connections']}.",
-        f"- Output: {opt['lstm']['n_layers'] + 1} layers of {2 * opt['lstm']['projection_dim']} dims.",
-        f"- Parameters: {log['parameters']['bilm']:,} in the biLM, {log['parameters']['softmax']:,} in the softmax. "
-        + ", ".join(f"`{k}` {v / 1e6:.1f} MB" for k, v in sizes.items())
-        + ".",
-        "",
-        "## Training",
-        f"- {_length(log)}, {log['steps']} steps of at most {log['config']['batch_tokens']} tokens, "
-        f"Adam (lr {log['config']['learning_rate']}, warm-up then cosine decay), dropout {log['config']['dropout']}, "
-        f"gradient norm clipped at {log['config']['clip_norm']}.",
-        f"- Training time: {log['train_seconds'] / 60:.1f} min on {log['machine']}"
-        f" ({log.get('device', 'cpu')}, {log.get('precision', 'fp32')}).",
-        "- Every sentence starts from the zero state (stateless), as the service runs it.",
-        "",
-        "## Held-out perplexity (lower is better)",
-        "",
-        "| model | forward | backward |",
-        "|---|---|---|",
-        row("this biLM, zero initial state", ppl["bilm_zero_state"]),
-        row("this biLM, warm initial state", ppl["bilm_warm_state"]),
-        row("Kneser-Ney bigram, same vocabulary", ppl["kneser_ney_bigram"]),
-        "",
-        f"Over {ppl['bilm_zero_state']['predictions']} predictions per direction (every word and the sentence end).",
-        *_by_file_table(log.get("heldout_perplexity_by_file") or {}),
-        "The warm state is the mean final LSTM state over "
-        f"{min(WARMUP_SENTENCES, log['train_sentences'])} training sentences (`elmo-export --initial-state warm`).",
-        "",
-        "![training curve](training_curve.png)",
-        "",
-    ]
-    return "\n".join(lines)

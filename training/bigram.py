@@ -15,7 +15,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from model_export.vocab import BOS, EOS, Vocabulary
+from training.vocab import BOS, EOS, Vocabulary
 
 DISCOUNT = 0.75
 

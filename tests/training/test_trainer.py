@@ -1,10 +1,9 @@
-"""elmo-train: trains (the tiny config, seconds), resumes, fine-tunes, and writes files the loader and the
-exporter read back; the language model's pieces against plain formulas."""
+"""elmo-train's runs (training.trainer): trains (the tiny config, seconds), resumes, fine-tunes, stops early
+at a checkpoint, and writes files the loader and the exporter read back."""
 
 from __future__ import annotations
 
 import json
-import math
 import signal
 import subprocess
 import sys
@@ -17,60 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from model_export.bigram import KneserNeyBigram
 from model_export.export import torch_layers
-from model_export.language_model import BiLanguageModel, TokenTable, pad_batch
 from model_export.options import load_options
-from model_export.train import Trainer, TrainingConfig, load_config, lr_factor, make_batches, train
-from model_export.vocab import Vocabulary
-from model_export.weights import load_bilm, random_bilm
-from service.text.chars import token_char_ids
-
-WORDS = [
-    "the",
-    "a",
-    "cat",
-    "dog",
-    "sat",
-    "ran",
-    "on",
-    "under",
-    "mat",
-    "rug",
-    "red",
-    "big",
-    "small",
-    "quickly",
-    "slowly",
-]
-
-
-def write_corpus(path: Path, lines: int, seed: int) -> Path:
-    """A toy language with structure: determiner adjective? noun verb adverb? preposition determiner noun."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(lines):
-        s = [rng.choice(["the", "a"])]
-        if rng.random() < 0.5:
-            s.append(rng.choice(["red", "big", "small"]))
-        s += [rng.choice(["cat", "dog"]), rng.choice(["sat", "ran"])]
-        if rng.random() < 0.3:
-            s.append(rng.choice(["quickly", "slowly"]))
-        s += [rng.choice(["on", "under"]), rng.choice(["the", "a"]), rng.choice(["mat", "rug"])]
-        out.append(" ".join(s))
-    path.write_text("\n".join(out) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "toy.txt", 1200, seed=0)
-
-
-@pytest.fixture(scope="module")
-def trained(corpus, tmp_path_factory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("trained")
-    return out, train([corpus], out, "tiny", epochs=3)
+from model_export.weights import load_bilm
+from tests.training.toy import WORDS, write_corpus
+from training.language_model import BiLanguageModel
+from training.trainer import Trainer, TrainingConfig, load_config, lr_factor, make_batches, train
+from training.vocab import Vocabulary
 
 
 def test_training_learns_the_toy_language(trained):
@@ -115,7 +67,7 @@ def test_each_finished_pass_is_kept_as_a_loadable_model(trained):
 def test_sigterm_stops_at_a_checkpoint_that_resumes(corpus, tmp_path):
     """The detached CPU run is stopped with SIGTERM (or Ctrl-C): the step in progress ends, a checkpoint is
     written, and the same command resumes from it."""
-    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
+    script = "import sys; from training.cli import train_main; sys.exit(train_main())"
     args = [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "m"), "--config", "tiny",
             "--epochs", "50"]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -231,22 +183,6 @@ def test_fine_tuning_a_published_model_gets_a_new_softmax(corpus, tiny_dir, tmp_
     assert log["vocab_size"] == len(WORDS) + 3
 
 
-def test_cli_trains_and_rejects_a_bad_config(corpus, tmp_path):
-    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
-    ok = subprocess.run(
-        [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "m"), "--config", "tiny",
-         "--epochs", "1"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert ok.returncode == 0, ok.stderr
-    assert "held-out perplexity forward" in ok.stdout
-    bad = subprocess.run(
-        [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "n"), "--config", "huge"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert bad.returncode == 1 and "--config huge" in bad.stderr
-
-
 def test_configs():
     _, small, cfg = load_config("small")
     assert small.n_layers >= 2 and small.skip_connections and small.proj_dim < small.cell_dim
@@ -268,49 +204,6 @@ def test_learning_rate_schedule():
     assert lr_factor(9, 10, 100) == pytest.approx(1.0)
     assert lr_factor(10, 10, 100) == pytest.approx(1.0)
     assert lr_factor(100, 10, 100) == pytest.approx(0.1)
-
-
-def test_language_model_loss_is_the_sum_of_both_directions_log_likelihoods():
-    """The loss against an explicit per-position computation: forward predicts the next word, backward the
-    previous one, padding predicts nothing."""
-    _, opt, _ = load_config("tiny")
-    vocab = Vocabulary(["</S>", "<S>", "<UNK>", "cat", "dog", "sat"])
-    model = BiLanguageModel(opt, len(vocab), dropout=0.0).eval()
-    torch.manual_seed(0)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    table = TokenTable(vocab, opt.max_chars)
-    sentences = [["cat", "sat"], ["dog", "unseen", "sat", "cat"]]
-    rows = [table.encode(s) for s in sentences]
-    chars, targets = table.tensors()
-    with torch.no_grad():
-        sums = model(pad_batch(rows), chars, targets)
-    assert sums.predictions == sum(len(s) + 1 for s in sentences)
-    want_f = want_b = 0.0
-    for s, row in zip(sentences, rows, strict=True):
-        batch = pad_batch([row])
-        x = model.bilm.token_encoder(chars[batch[0]]).unsqueeze(0)
-        with torch.no_grad():
-            top_f = model.bilm.forward_lstm(x)[-1][0]
-            top_b = model.bilm.backward_lstm(x.flip(1))[-1][0].flip(0)
-            ids = [vocab.id(w) for w in ["<S>", *s, "</S>"]]
-            for t in range(len(ids) - 1):
-                want_f -= float(model.softmax.log_prob(top_f[t : t + 1])[0, ids[t + 1]])
-                want_b -= float(model.softmax.log_prob(top_b[t + 1 : t + 2])[0, ids[t]])
-    assert float(sums.forward) == pytest.approx(want_f, rel=1e-5)
-    assert float(sums.backward) == pytest.approx(want_b, rel=1e-5)
-
-
-def test_kneser_ney_bigram_is_a_distribution():
-    vocab = Vocabulary(["</S>", "<S>", "<UNK>", "a", "b", "c"])
-    model = KneserNeyBigram(vocab, [["a", "b"], ["a", "c", "x"], ["b", "b", "a"]])
-    for v in range(len(vocab)):
-        assert sum(model.prob(v, w) for w in range(len(vocab))) == pytest.approx(1.0)
-    ppl, count = model.perplexity([["a", "b"]])
-    assert count == 3 and 1 < ppl < len(vocab)
-    assert math.isclose(
-        ppl, math.exp(-(math.log(model.prob(1, 3)) + math.log(model.prob(3, 4)) + math.log(model.prob(4, 0))) / 3)
-    )
 
 
 # -- devices, precision, batch size, stopping early (issue 15)
@@ -392,7 +285,7 @@ def test_cuda_trains_and_resumes_on_the_gpu(corpus, dropout_config, tmp_path):
 
 
 def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_is_refused(monkeypatch):
-    from model_export.train import resolve_device
+    from training.trainer import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
@@ -401,19 +294,6 @@ def test_device_auto_is_the_cpu_here_and_cuda_without_a_gpu_is_refused(monkeypat
         resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == torch.device("cuda")
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
-def test_cli_device_cuda_without_a_gpu_fails_with_a_message(corpus, tmp_path):
-    script = "import sys; from model_export.cli import train_main; sys.exit(train_main())"
-    run = subprocess.run(
-        [sys.executable, "-c", script, "--corpus", str(corpus), "--out", str(tmp_path / "c"), "--config", "tiny",
-         "--device", "cuda"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert run.returncode == 1
-    assert "elmo-train: --device cuda:" in run.stderr and "no CUDA GPU" in run.stderr
-    assert "Traceback" not in run.stderr and not (tmp_path / "c").exists()
 
 
 def test_batch_tokens_is_fixed_when_a_run_starts(corpus, tmp_path):
@@ -457,41 +337,6 @@ def test_an_empty_or_ambiguous_held_out_file_is_refused_before_training(corpus, 
     assert not (tmp_path / "out" / "checkpoint.pt").exists()  # nothing trained
 
 
-def test_the_model_card_states_the_corpus_sources_and_licences(corpus, tmp_path):
-    """Text from python -m model_export.corpus --sources: its manifest's sources and licences go into the card."""
-    (tmp_path / "c" / "train").mkdir(parents=True)
-    text = tmp_path / "c" / "train" / "toy.txt"
-    text.write_text(corpus.read_text())
-    manifest = {"sources": {"toy": {"packages": {"toy-pkg": "1.0"}, "license": "public domain",
-                                    "train": {"tokens": 123}}}}  # fmt: skip
-    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
-    log = train([text], tmp_path / "out", "tiny", epochs=1)
-    assert log["sources"] == {"toy": {"packages": {"toy-pkg": "1.0"}, "license": "public domain", "train_tokens": 123}}
-    assert "| toy | toy-pkg (1.0) | public domain | 123 |" in (tmp_path / "out" / "MODEL_CARD.md").read_text()
-
-
-def test_sweep_ranks_configs_by_held_out_perplexity_and_sizes_the_winner(corpus, tmp_path):
-    """Two architectures trained for the same steps; the winner's checkpoint is there to continue, and the epochs
-    that fit in a budget are computed from its measured rate."""
-    from model_export.sweep import sweep
-
-    _, opt, cfg = load_config("tiny")
-    smaller = tmp_path / "tinier.json"
-    tinier = opt.to_dict()
-    tinier["lstm"] |= {"dim": 4, "projection_dim": 4}
-    smaller.write_text(json.dumps({"options": tinier, "training": asdict(replace(cfg, warmup_steps=40))}))
-    held = write_corpus(tmp_path / "held.txt", 40, seed=5)
-    s = sweep([corpus], [held], ["tiny", str(smaller)], tmp_path / "sweep", steps=30, budget_minutes=1)
-    assert set(s["results"]) == {"tiny", str(smaller)} and s["best"] == "tiny"
-    for r in s["results"].values():
-        assert r["steps"] == 30 and r["tokens_per_second"] > 0
-    assert s["results"]["tiny"]["bilm_parameters"] > s["results"][str(smaller)]["bilm_parameters"]
-    assert s["epochs_in_budget"] >= 1 and s["steps_per_epoch"] == 21  # as many as training makes
-    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text()) == s
-    resumed = train([corpus], Path(s["results"]["tiny"]["out"]), "tiny", heldout=[held], epochs=1)
-    assert resumed["finished"] and resumed["steps"] == 30  # 30 steps past one epoch already: nothing more to do
-
-
 def test_a_step_budget_ends_training_inside_an_epoch_with_the_schedule_spanning_it(corpus, tmp_path):
     """`steps` stops a run before its epochs end (21 batches an epoch here): the finished model is written, its
     learning rate has decayed to the schedule's end at the last step, and the card says what share it saw."""
@@ -515,67 +360,3 @@ def test_a_larger_step_budget_continues_the_epoch_where_the_smaller_one_ended(co
     straight = train([corpus], tmp_path / "straight", "tiny", epochs=1)
     assert more["steps"] == straight["steps"] == 21
     assert more["tokens_seen"] == straight["tokens_seen"]  # the same batches in all, each once
-
-
-def test_the_char_cnn_by_length_groups_equals_the_full_width_char_cnn():
-    """Training convolves groups of short words over fewer char positions: the same vectors, to float rounding,
-    for words of every length up to the 48 bytes kept (and the markers), in any order."""
-    from model_export.language_model import token_vectors_by_length
-
-    _, options, _ = load_config("small")
-    bilm = random_bilm(options, seed=3)
-    words = ["a", "of", "the", "river", "<S>", "</S>", "é" * 30, "x" * 60, "bank", "Pneumonoultramicroscopic"]
-    words += [f"w{'o' * (i % 40)}rd" for i in range(40)]
-    chars = torch.from_numpy(np.stack([token_char_ids(w, options.max_chars) for w in words]).astype(np.int64))
-    with torch.no_grad():
-        full = bilm.token_encoder(chars)
-        grouped = token_vectors_by_length(bilm.token_encoder, chars)
-    np.testing.assert_allclose(grouped.numpy(), full.numpy(), atol=1e-5, rtol=0)
-    assert grouped.shape == full.shape
-
-
-def test_shared_vocabulary_perplexity_is_the_models_own_when_alone_and_compares_models(trained, corpus, tmp_path):
-    from model_export.evaluate import load_language_model, shared_perplexity, shared_vocabulary
-    from model_export.language_model import perplexity
-
-    model, vocab = load_language_model(trained[0])
-    sentences = [line.split() for line in corpus.read_text().splitlines()[:200]]
-    alone = shared_perplexity(model, vocab, vocab.words, sentences)
-    table = TokenTable(vocab, model.bilm.options.max_chars)
-    own = perplexity(model, [table.encode(s) for s in sentences], table)
-    assert alone["forward"] == pytest.approx(own.forward, abs=0.0051)  # rounded to 2 decimals
-    assert alone["backward"] == pytest.approx(own.backward, abs=0.0051)
-    # a second vocabulary without "cat" and "dog": they join <UNK>'s class, so the task is easier
-    smaller = Vocabulary([w for w in vocab.words if w not in ("cat", "dog")])
-    shared = shared_vocabulary([vocab, smaller])
-    assert "cat" not in shared and len(shared) == len(vocab) - 2
-    merged = shared_perplexity(model, vocab, shared, sentences)
-    assert merged["forward"] < alone["forward"] and merged["predictions"] == alone["predictions"]
-
-
-def test_evaluate_pools_the_files_and_takes_another_models_vocabulary(trained, corpus, tmp_path, capsys):
-    """The `all` row is the files' predictions pooled (as one pass over all of them gives), and --vocabulary-of
-    narrows the shared vocabulary as that model would without evaluating it."""
-    from model_export.evaluate import load_language_model, main, pooled, shared_perplexity
-
-    model, vocab = load_language_model(trained[0])
-    lines = corpus.read_text().splitlines()[:120]
-    files = [tmp_path / "a.txt", tmp_path / "b.txt"]
-    files[0].write_text("\n".join(lines[:50]) + "\n")
-    files[1].write_text("\n".join(lines[50:]) + "\n")
-    other = tmp_path / "other"
-    other.mkdir()
-    Vocabulary([w for w in vocab.words if w not in ("cat", "dog")]).save(other / "vocab.txt")
-    shared = [w for w in vocab.words if w not in ("cat", "dog")]
-    parts = [shared_perplexity(model, vocab, shared, [x.split() for x in f.read_text().splitlines()]) for f in files]
-    whole = shared_perplexity(model, vocab, shared, [x.split() for x in lines])
-    together = pooled(parts)
-    assert together["predictions"] == whole["predictions"]
-    for d in ("forward", "backward"):
-        assert together[d] == pytest.approx(whole[d], abs=0.0051)
-
-    assert main(["--models", str(trained[0]), "--vocabulary-of", str(other), "--heldout", *map(str, files)]) == 0
-    out = capsys.readouterr().out
-    assert f"shared vocabulary: {len(shared):,} words" in out
-    all_row = next(line for line in out.splitlines() if line.startswith("| all |"))
-    assert all_row.split(" | ")[-2:] == [f"{together['forward']}", f"{together['backward']} |"]

@@ -1,7 +1,7 @@
 """Choose an architecture by held-out perplexity: train each candidate config for the same number of steps on the
 same text, measure held-out perplexity per direction and the training rate, and keep the best.
 
-    python -m model_export.sweep --corpus build/corpus-all/train/*.txt --heldout build/corpus-all/heldout/*.txt \
+    python -m training.sweep --corpus build/corpus-all/train/*.txt --heldout build/corpus-all/heldout/*.txt \
         --configs elmo-small elmo-small-wide --steps 300 --out build/sweep [--device cuda --precision bf16] \
         [--budget-minutes 15] [--max-minutes 2.5]
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from model_export.language_model import BiLanguageModel, TokenTable, perplexity
 from model_export.options import BiLMOptions
-from model_export.train import (
+from training.language_model import BiLanguageModel, TokenTable, perplexity
+from training.trainer import (
     CHECKPOINT,
     TrainingConfig,
     load_config,
@@ -35,7 +35,7 @@ from model_export.train import (
     resolve_device,
     train,
 )
-from model_export.vocab import Vocabulary
+from training.vocab import Vocabulary
 
 HELDOUT_SENTENCES = 4000  # an even sample of the held-out text: enough to rank, quick to run
 

@@ -1,9 +1,9 @@
 """Held-out perplexity of trained models on the same text over the same vocabulary, so that models trained with
 different vocabularies (other sizes, other corpora) can be compared.
 
-    python -m model_export.evaluate --models models/default build/train-default \
+    python -m training.evaluate --models models/default build/train-default \
         --heldout build/corpus-all/heldout/*.txt
-    python -m model_export.evaluate --models build/train-cpu --vocabulary-of models/default --heldout ...
+    python -m training.evaluate --models build/train-cpu --vocabulary-of models/default --heldout ...
 
 A model's own perplexity (elmo-train's) counts every word outside its vocabulary as one class, <UNK>: a model whose
 vocabulary covers less of the text has fewer distinct words to predict and scores lower without being better.
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model_export.language_model import BiLanguageModel, TokenTable, pad_batch
 from model_export.options import load_options
-from model_export.train import can_continue_softmax, init_from, read_sentences
-from model_export.vocab import UNK, Vocabulary
+from training.language_model import BiLanguageModel, TokenTable, pad_batch
+from training.trainer import can_continue_softmax, init_from, read_sentences
+from training.vocab import UNK, Vocabulary
 
 
 def load_language_model(folder: Path) -> tuple[BiLanguageModel, Vocabulary]:

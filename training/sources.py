@@ -1,7 +1,7 @@
 """English running text that this machine can install by name (Debian packages), read into units of paragraphs.
 
 Each source yields `Unit(key, paragraphs)`: the key decides the held-out split (a whole dictionary entry, Bible
-chapter or documentation file goes to one side), the paragraphs are plain text that `model_export.corpus` cuts
+chapter or documentation file goes to one side), the paragraphs are plain text that `training.corpus` cuts
 into sentences and tokenizes. The licence of every source is stated here, as its Debian copyright file states it,
 and goes into the corpus manifest and the model card.
 
@@ -82,12 +82,49 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in out if s]
 
 
-# -- WordNet
+# -- WordNet (its data.* files: a synset a line, its offset and lemmas, then ` | ` and its gloss)
 
 
-def read_wordnet_units(wordnet_dir: Path = Path("/usr/share/wordnet")) -> Iterator[Unit]:
-    from model_export.corpus import read_wordnet  # corpus.py builds from these sources
+WORDNET_DIR = Path("/usr/share/wordnet")
+PARTS_OF_SPEECH = ("noun", "verb", "adj", "adv")
+_QUOTED = re.compile(r'"([^"]*)"')
 
+
+@dataclass(frozen=True)
+class Synset:
+    key: str  # part of speech and offset, e.g. "n02787772"
+    lemmas: tuple[str, ...]  # with spaces for underscores: "perk up"
+    definitions: tuple[str, ...]
+    examples: tuple[str, ...]
+
+
+def parse_data_line(line: str, pos: str) -> Synset | None:
+    """One line of a WordNet `data.*` file; None for the license header."""
+    if line.startswith("  ") or " | " not in line:
+        return None
+    head, gloss = line.split(" | ", 1)
+    fields = head.split()
+    n_words = int(fields[3], 16)
+    lemmas = tuple(re.sub(r"\(.*\)$", "", w).replace("_", " ") for w in fields[4 : 4 + 2 * n_words : 2])
+    examples = tuple(e.strip() for e in _QUOTED.findall(gloss) if e.strip())
+    rest = _QUOTED.sub("", gloss)
+    definitions = tuple(d.strip() for d in rest.split(";") if d.strip() and re.search(r"\w", d))
+    return Synset(pos[0] + fields[0], lemmas, definitions, examples)
+
+
+def read_wordnet(wordnet_dir: Path = WORDNET_DIR) -> Iterator[Synset]:
+    for pos in PARTS_OF_SPEECH:
+        path = wordnet_dir / f"data.{pos}"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: install the Debian package wordnet-base")
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                synset = parse_data_line(line.rstrip("\n"), pos)
+                if synset is not None:
+                    yield synset
+
+
+def read_wordnet_units(wordnet_dir: Path = WORDNET_DIR) -> Iterator[Unit]:
     for synset in read_wordnet(wordnet_dir):
         yield Unit(synset.key, synset.definitions + synset.examples, split_sentences=False)
 

@@ -1,9 +1,11 @@
-"""The README's examples run as pasted: every shell and Python block of its quick start and of its API (the Python
-client and several models among them) and CLI sections, against a real elmo-serve of the embedded default model,
-in a folder laid out as a checkout after `make serve` (.venv/, build/models/default/). Where the README shows what
-a block prints (the JSON block after it), the output is compared with it: the same structure and keys, strings and
-integers equal, and each number shown to k decimals within half a unit of its last digit; "[...]" stands for any
-value, "..." at the end of an object for more keys, and "... N numbers" at the end of a list for the rest of N.
+"""The examples of the README and of the docs run as pasted: every shell and Python block of the README's quick
+start and of the pages that hold the service's examples (docs/api.md, with several models; docs/client.md, the
+Python client, allennlp, OpenAI's clients and LangChain; docs/cli.md), against a real elmo-serve of the embedded
+default model, in a folder laid out as a checkout after `make serve` (.venv/, build/models/default/). A block's id
+names its file and line (docs/api.md:line-42). Where a page shows what a block prints (the JSON block after it),
+the output is compared with it: the same structure and keys, strings and integers equal, and each number shown to
+k decimals within half a unit of its last digit; "[...]" stands for any value, "..." at the end of an object for
+more keys, and "... N numbers" at the end of a list for the rest of N.
 
 A hidden comment before a block says what the test does beside running it, one directive a line:
 
@@ -17,8 +19,10 @@ A hidden comment before a block says what the test does beside running it, one d
     ignore: 0.data.*.created    a value of the shown output that is not compared (N.key.key, * for any item)
     -->
 
-The one thing changed in a block is the port: the README's servers are on 127.0.0.1:8000, the test's on free ports.
-Nothing is downloaded: a block that needs a model from elsewhere gets a stand-in that its comment names."""
+The one thing changed in a block is the port: the examples' servers are on 127.0.0.1:8000, the test's on free ports.
+Nothing is downloaded: a block that needs a model from elsewhere gets a stand-in that its comment names. A
+readme-test comment in a file or section that does not run fails the test, as does a link of the README to a docs
+page or heading that is not there (mkdocs build --strict checks the docs' own links)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import os
 import re
 import subprocess
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,26 +39,32 @@ import pytest
 
 from tests.live_server import free_port, running_server, stop, wait_ready
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-# The sections whose blocks run: the quick start (before the first), API (with the Python client and several
-# models) and CLI.
-SECTIONS = ("", "API", "CLI")
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+# The files whose blocks run, and in each the sections (## headings, "" before the first) whose blocks run, or None
+# for all of them: the README's quick start, and the pages of the API (with several models), the clients and the CLI.
+SOURCES: dict[str, tuple[str, ...] | None] = {
+    "README.md": ("Quick start",),
+    "docs/api.md": None,
+    "docs/client.md": None,
+    "docs/cli.md": None,
+}
 BLOCK_S = 120
 
 
 @dataclass
 class Block:
+    file: str  # README.md or docs/NAME.md, from the repository's root
     language: str  # sh or python
     code: str
-    line: int  # where it starts in README.md
+    line: int  # where it starts in its file
     section: str  # its ### (or ##) heading
     directives: dict[str, list[str]] = field(default_factory=dict)
     shown: str | None = None  # the JSON block that follows it: what it prints
 
     @property
     def id(self) -> str:
-        return f"line-{self.line}"
+        return f"{self.file}:line-{self.line}"
 
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
@@ -61,21 +72,28 @@ COMMENT = re.compile(r"<!-- readme-test\n(.*?)-->\s*$", re.S)
 
 
 def readme_blocks() -> list[Block]:
-    text = README.read_text()
+    return [block for name, sections in SOURCES.items() for block in file_blocks(name, sections)]
+
+
+def file_blocks(name: str, sections: tuple[str, ...] | None) -> list[Block]:
+    """The runnable blocks of one file, in the given ## sections (None: all)."""
+    text = (ROOT / name).read_text()
     headings = [(m.start(), m[1], m[2].strip()) for m in re.finditer(r"^(##|###) (.+)$", text, re.M)]
     blocks: list[Block] = []
-    end = 0
+    end, last = 0, None
     for found in FENCE.finditer(text):
         between, end = text[end : found.start()], found.end()
-        if found[1] == "json" and blocks and not between.strip():
-            blocks[-1].shown = found[2]  # what the block just above prints
+        if found[1] == "json" and last is not None and not between.strip():
+            last.shown = found[2]  # what the block just above prints
             continue
+        last = None
         top = next((title for at, level, title in reversed(headings) if at < found.start() and level == "##"), "")
         section = next((title for at, _, title in reversed(headings) if at < found.start()), "")
-        if found[1] in ("sh", "python") and top in SECTIONS:
+        if found[1] in ("sh", "python") and (sections is None or top in sections):
             comment = COMMENT.search(between)
             line = text.count("\n", 0, found.start()) + 2
-            blocks.append(Block(found[1], found[2], line, section, parse_directives(comment[1] if comment else "")))
+            directives = parse_directives(comment[1] if comment else "")
+            blocks.append(last := Block(name, found[1], found[2], line, section, directives))
     return blocks
 
 
@@ -170,13 +188,15 @@ def server(default_model_dir, tmp_path_factory):
 
 @dataclass
 class Servers:
-    """The server each section's blocks talk to: the module's, or one that a `server` block of the section started."""
+    """The server each section's blocks talk to: the module's, or one that a `server` block of the section (of the
+    same file) started."""
 
     default: int
-    started: dict[str, tuple[int, subprocess.Popen]] = field(default_factory=dict)
+    started: dict[tuple[str, str], tuple[int, subprocess.Popen]] = field(default_factory=dict)
 
-    def port(self, section: str) -> int:
-        return self.started[section][0] if section in self.started else self.default
+    def port(self, block: Block) -> int:
+        where = (block.file, block.section)
+        return self.started[where][0] if where in self.started else self.default
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +227,7 @@ def test_readme_block(block, checkout, servers, tmp_path):
     if "skip" in block.directives:
         assert block.directives["skip"][0], "a skipped block says why"
         pytest.skip(block.directives["skip"][0])
-    port = servers.port(block.section)
+    port = servers.port(block)
     env = environment(block, port)
     for command in block.directives.get("setup", []):
         done = subprocess.run(command, shell=True, cwd=checkout, env={**env, "ROOT": str(ROOT)}, text=True,
@@ -220,7 +240,7 @@ def test_readme_block(block, checkout, servers, tmp_path):
         with log.open("wb") as out:
             proc = subprocess.Popen(["bash", "-c", code], cwd=checkout, env={**env, "ELMO_PORT": str(own)},
                                     stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        servers.started[block.section] = (own, proc)
+        servers.started[(block.file, block.section)] = (own, proc)
         wait_ready(proc, f"http://127.0.0.1:{own}", log)
         return
     if block.language == "python":
@@ -229,7 +249,7 @@ def test_readme_block(block, checkout, servers, tmp_path):
     else:
         command = ["bash", "-e", "-o", "pipefail", "-c", code]
     done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=BLOCK_S, check=False)
-    assert done.returncode == 0, f"README.md line {block.line}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{block.file} line {block.line}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     if block.language == "sh":
         if checks := block.directives.get("check", []):  # in Python, in the block's folder, after it ran
             script = "import json, h5py, numpy as np\n" + "".join(f"assert {c}, {c!r}\n" for c in checks)
@@ -246,8 +266,45 @@ def test_readme_block(block, checkout, servers, tmp_path):
                 compare(got, shown, str(i), block.directives.get("ignore", []), numbers)
 
 
-def test_the_readme_has_runnable_blocks_in_every_section_it_covers():
-    sections = {b.section for b in BLOCKS if "skip" not in b.directives}
-    assert {"", "`POST /embed`", "`POST /v1/embeddings` (OpenAI-style)", "`POST /tokenize`", "Several models",
-            "Python client", "`elmo-embed`: a file of sentences to hdf5"} <= sections  # fmt: skip
+def test_the_docs_have_runnable_blocks_in_every_section_they_cover():
+    sections = {(b.file, b.section) for b in BLOCKS if "skip" not in b.directives}
+    assert {
+        ("README.md", "Quick start"),
+        ("docs/api.md", "`POST /embed`"),
+        ("docs/api.md", "`POST /v1/embeddings` (OpenAI-style)"),
+        ("docs/api.md", "`POST /tokenize`"),
+        ("docs/api.md", "Several models"),
+        ("docs/client.md", "Python client"),
+        ("docs/client.md", "The allennlp adapter"),
+        ("docs/client.md", "OpenAI's clients"),
+        ("docs/client.md", "LangChain"),
+        ("docs/cli.md", "`elmo-embed`: a file of sentences to hdf5"),
+    } <= sections
     assert all(b.shown is None or b.language == "sh" for b in BLOCKS)
+
+
+def test_every_readme_test_comment_is_on_a_block_that_runs():
+    # A block moved to a page or section that does not run would take its checks with it, silently.
+    for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        name = path.relative_to(ROOT).as_posix()
+        comments = FENCE.sub("", path.read_text()).count("<!-- readme-test")  # not those shown in a code block
+        on_blocks = sum(1 for b in BLOCKS if b.file == name and b.directives)
+        assert comments == on_blocks, f"{name}: {comments} readme-test comments, {on_blocks} on blocks that run"
+
+
+def slug(title: str) -> str:
+    """A heading's anchor, as mkdocs (Python-Markdown's toc) and GitHub make it for this project's headings."""
+    text = unicodedata.normalize("NFKD", title.replace("`", "")).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+def test_the_readme_links_to_docs_pages_and_headings_that_exist():
+    # mkdocs build --strict checks the links between the docs' pages; the README is no page of the site.
+    links = re.findall(r"\]\((docs/[^)#]+)(?:#([^)]+))?\)", (ROOT / "README.md").read_text())
+    assert links
+    for page, anchor in links:
+        assert (ROOT / page).is_file(), page
+        if anchor:
+            text = re.sub(r"^```.*?^```$", "", (ROOT / page).read_text(), flags=re.M | re.S)
+            anchors = {slug(m[1]) for m in re.finditer(r"^#{1,6} (.+?)\s*$", text, re.M)}
+            assert anchor in anchors, f"{page}#{anchor}: no such heading"
