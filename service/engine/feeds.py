@@ -16,7 +16,8 @@ from service.text.token_ids import Mapping
 def sentence_keys(sentence: Sequence[str], mapping: Mapping) -> list[Hashable]:
     """The sentence as the biLM reads it: the begin boundary, each token's key (text/token_ids.py), the end one."""
     begin, end = mapping.boundaries
-    return [begin, *(mapping.key(token) for token in sentence), end]
+    key = mapping.key
+    return [begin, *[key(token) for token in sentence], end]
 
 
 Window = tuple[Sequence[Hashable], int, int]  # a sentence's keys (`sentence_keys`), first position, positions
@@ -37,8 +38,9 @@ def token_inputs(
     encode: dict[Hashable, int] = {}
     cached: dict[Hashable, int] = {}
     cached_vectors: list[np.ndarray] = []
-    for key in dict.fromkeys(itertools.chain.from_iterable(rows)):  # each distinct key once, in order
-        vector = cache.get(key) if cache is not None else None
+    distinct = list(dict.fromkeys(itertools.chain.from_iterable(rows)))  # each distinct key once, in order
+    found = cache.get_many(distinct) if cache is not None else [None] * len(distinct)
+    for key, vector in zip(distinct, found, strict=True):
         if vector is None:
             encode[key] = len(encode)
         else:

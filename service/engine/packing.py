@@ -129,12 +129,11 @@ class PackedRows:
         return self._plan()[:2]
 
     def _plan(self) -> tuple[list[list[Segment]], list[int], int]:
-        waiting, taken = self.waiting, 0
+        waiting, taken = iter(self.waiting), 0  # taken in order: `step` pops them once the call has run
 
         def fill(segments: list[Segment], free: int) -> None:
             nonlocal taken
-            while free and taken < len(waiting):
-                sentence = waiting[taken]
+            while free and (sentence := next(waiting, None)) is not None:
                 n = min(free, sentence.length)
                 segments.append((sentence, 0, n))
                 free -= n
@@ -151,7 +150,7 @@ class PackedRows:
             if segments:
                 rows.append(segments)
                 source.append(r if current is not None else 0)
-        while taken < len(waiting) and len(rows) < self.max_rows:
+        while taken < len(self.waiting) and len(rows) < self.max_rows:
             segments = []
             fill(segments, self.window)
             rows.append(segments)

@@ -238,8 +238,9 @@ def test_fp16_on_the_command_line_is_close_to_fp32(tiny_model_dir, sentences, ex
     assert 0 < error <= 1e-2  # not the fp32 graph's numbers, and near them
 
 
-def test_on_the_window_graph_lines_stream_through_packed_rows_across_chunks(tiny_model_dir, engine, sentences,
-                                                                            tmp_path, monkeypatch):
+def test_on_the_window_graph_lines_stream_through_packed_rows_across_chunks(
+    tiny_model_dir, engine, sentences, tmp_path, monkeypatch
+):
     """elmo-embed on the window graph (a GPU's) runs the lines as the service does: rows packed and refilled
     across chunks, the writer putting each sentence together. The same numbers as the Loop graph's file, every
     line once, repeated sentences indexed by their last line."""
