@@ -289,20 +289,10 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
     (default: `Int8()`), for the CPU."""
     if precision not in ("fp32", "int8"):
         raise ValueError(f"the Loop graph is written in fp32 or int8, not {precision!r}")
-    opt = model.options
-    g = _Graph()
+    opt, g = model.options, _Graph()
     p = _Precision(g, precision, int8)
-    i64 = np.int64
-    f32 = TensorProto.FLOAT
-    axis0, axis1 = g.const([0], "axis0", i64), g.const([1], "axis1", i64)
-    one, true = g.const(1.0, "one"), g.const(True, "true", np.bool_)
-
-    # Rows longest first (ties keep their order), undone at the end: the rows still running at step t
-    # are then the first active[t], and the loop computes only those.
-    batch = g.op("Shape", "lengths")  # [B]
-    lengths, order = g.op("TopK", "lengths", batch, axis=0, largest=1, sorted=1, outputs=2)
-    rows = g.op("Range", g.const(0, "zero", i64), g.op("Squeeze", batch, axis0), g.const(1, "one_i", i64))
-    unsort = g.op("ScatterElements", g.op("ConstantOfShape", batch, value=_int64_zero()), order, rows, axis=0)
+    f32, axis0 = TensorProto.FLOAT, g.const([0], "axis0", np.int64)
+    order, lengths, unsort = _longest_first(g)
     encoded = _token_encoder(p, model, "token_chars")  # (U, P)
     g.op("Identity", encoded, out=["token_vectors"])
     table = g.op("Concat", encoded, "cached_vectors", axis=0)
@@ -311,20 +301,8 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
         g.op("Transpose", g.op("Gather", table, g.op("Gather", f"index_{d}", order, axis=0)), perm=[1, 0, 2])
         for d in DIRECTIONS
     ]
-
-    # The packed layout of PyTorch's PackedSequence: real (t, b) positions in time-major order.
-    steps = g.op("Squeeze", g.op("Shape", inputs[0], end=1), axis0)  # T
-    time = g.op("Range", g.const(0, "zero", i64), steps, g.const(1, "one_i", i64))
-    running = g.op("Less", g.op("Unsqueeze", time, axis1), g.op("Unsqueeze", lengths, axis0))  # (T, B)
-    active = g.op("ReduceSum", g.op("Cast", running, to=TensorProto.INT64), axis1, keepdims=0)  # (T,)
-    offsets = g.op("CumSum", active, g.const(0, "axis", i64), exclusive=1)  # (T,) first packed row of step t
-    t_b = g.op("NonZero", running)  # (2, N)
-    t_idx, b_idx = g.op("Gather", t_b, g.const(0, "row", i64)), g.op("Gather", t_b, g.const(1, "row", i64))
-    packed_index = g.op("Add", g.op("Mul", t_idx, g.op("Squeeze", batch, axis0)), b_idx)  # (N,) into T*B
-    flat_shape = g.const([-1, opt.proj_dim], "flat", i64)
-    ones = g.op("Expand", one, g.op("Concat", g.op("Shape", packed_index), g.const([1], "n", i64), axis=0))  # (N, 1)
-    start = g.op("Unsqueeze", g.op("Gather", "start", order, axis=0), axis1)  # (B, 1)
-
+    packed = _packed_layout(g, inputs[0], lengths, opt.proj_dim)
+    start = g.op("Unsqueeze", g.op("Gather", "start", order, axis=0), g.const([1], "axis1", np.int64))  # (B, 1)
     graph_inputs = [
         helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", token_width(opt)]),
         helper.make_tensor_value_info("cached_vectors", f32, ["cached", opt.proj_dim]),
@@ -337,32 +315,7 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
     outputs = {d: [x] for d, x in zip(DIRECTIONS, inputs, strict=True)}  # layer 0: the token vectors
     for k, cells in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
         with g.scoped(f"lstm{k}"):
-            gates_x, states = [], []
-            for d, cell, x_d in zip(DIRECTIONS, cells, inputs, strict=True):
-                bias = _np(cell.bias)[None, :]
-                bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
-                packed = g.op("Gather", g.op("Reshape", x_d, flat_shape), packed_index)  # (N, P): real positions
-                if p.int8 and p.int8.activations == "tensor":  # the bias goes in the integer product's own input
-                    w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
-                    gates_x.append(p.matmul(packed, w_input, g.const(bias[0], f"b_input{k}")))  # (N, 4C)
-                elif p.int8:  # scale and bias in the loop (`_loop_body`)
-                    w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
-                    gates_x.append((*p.matmul(packed, w_input, scaled=False), bias[0]))  # (N, 4C), (N, 1), (4C,)
-                else:
-                    # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards
-                    # would be another pass over the largest tensor of the model.
-                    w_input = g.const(np.concatenate([_np(cell.w_input), bias]), f"w_input{k}")  # (P+1, 4C)
-                    gates_x.append(g.op("MatMul", g.op("Concat", packed, ones, axis=1), w_input))  # (N, 4C)
-                for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
-                    name = f"{kind}_{d}{k}"
-                    graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
-                    graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
-                    given = g.op("Gather", name, order, axis=0)
-                    states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
-            body = _loop_body(opt, cells, gates_x, active, offsets, precision, int8, f"lstm{k}/step")
-            *final, fwd, bwd = g.op("Loop", steps, true, *states, outputs=6, body=body)  # scans (T, B, P)
-            for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
-                g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last
+            fwd, bwd = _loop_layer(p, opt, k, cells, inputs, packed, start, order, unsort, graph_inputs, graph_outputs)
             if opt.skip_connections and k > 0:
                 fwd, bwd = g.op("Add", fwd, inputs[0]), g.op("Add", bwd, inputs[1])
         inputs = [fwd, bwd]
@@ -376,6 +329,82 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
         graph_outputs.append(helper.make_tensor_value_info(f"layers_{d}", f32, shape))
     graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
     return _model(g, "elmo_bilm", graph_inputs, graph_outputs, ms_domain=p.int8 is not None)
+
+
+def _longest_first(g: _Graph) -> tuple[str, str, str]:
+    """Rows longest first (ties keep their order), undone at the end: the rows still running at step t are then
+    the first active[t], and the loop computes only those. Returns the order, the sorted lengths, and the
+    permutation that undoes the order."""
+    i64, axis0 = np.int64, g.const([0], "axis0", np.int64)
+    batch = g.op("Shape", "lengths")  # [B]
+    lengths, order = g.op("TopK", "lengths", batch, axis=0, largest=1, sorted=1, outputs=2)
+    rows = g.op("Range", g.const(0, "zero", i64), g.op("Squeeze", batch, axis0), g.const(1, "one_i", i64))
+    unsort = g.op("ScatterElements", g.op("ConstantOfShape", batch, value=_int64_zero()), order, rows, axis=0)
+    return order, lengths, unsort
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """PyTorch's PackedSequence layout of a batch: its real (t, b) positions in time-major order."""
+
+    steps: str  # T
+    active: str  # (T,): rows still running at step t
+    offsets: str  # (T,): the first packed row of step t
+    index: str  # (N,): each real position's index into the (T*B) positions
+    ones: str  # (N, 1): a column of ones, for the bias in the product
+    flat_shape: str  # [-1, P]
+
+
+def _packed_layout(g: _Graph, x: str, lengths: str, proj: int) -> _Packed:
+    i64 = np.int64
+    axis0, axis1 = g.const([0], "axis0", i64), g.const([1], "axis1", i64)
+    steps = g.op("Squeeze", g.op("Shape", x, end=1), axis0)  # T
+    time = g.op("Range", g.const(0, "zero", i64), steps, g.const(1, "one_i", i64))
+    running = g.op("Less", g.op("Unsqueeze", time, axis1), g.op("Unsqueeze", lengths, axis0))  # (T, B)
+    active = g.op("ReduceSum", g.op("Cast", running, to=TensorProto.INT64), axis1, keepdims=0)  # (T,)
+    offsets = g.op("CumSum", active, g.const(0, "axis", i64), exclusive=1)  # (T,) first packed row of step t
+    t_b = g.op("NonZero", running)  # (2, N)
+    t_idx, b_idx = g.op("Gather", t_b, g.const(0, "row", i64)), g.op("Gather", t_b, g.const(1, "row", i64))
+    batch = g.op("Squeeze", g.op("Shape", "lengths"), axis0)
+    index = g.op("Add", g.op("Mul", t_idx, batch), b_idx)  # (N,) into T*B
+    one = g.const(1.0, "one")
+    ones = g.op("Expand", one, g.op("Concat", g.op("Shape", index), g.const([1], "n", i64), axis=0))  # (N, 1)
+    return _Packed(steps, active, offsets, index, ones, g.const([-1, proj], "flat", i64))
+
+
+def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, start, order, unsort, graph_inputs,
+                graph_outputs) -> tuple[str, str]:  # fmt: skip
+    """One biLSTM layer of the Loop graph: each direction's input products for every real position in one product,
+    its state (the initial one where `start`, else the row's given one), the Loop over time; returns each
+    direction's outputs (T, B, P), and names the state inputs and outputs it adds."""
+    g, f32 = p.g, TensorProto.FLOAT
+    gates_x, states = [], []
+    for d, cell, x_d in zip(DIRECTIONS, cells, inputs, strict=True):
+        bias = _np(cell.bias)[None, :]
+        bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+        rows = g.op("Gather", g.op("Reshape", x_d, packed.flat_shape), packed.index)  # (N, P): real positions
+        if p.int8 and p.int8.activations == "tensor":  # the bias goes in the integer product's own input
+            w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
+            gates_x.append(p.matmul(rows, w_input, g.const(bias[0], f"b_input{k}")))  # (N, 4C)
+        elif p.int8:  # scale and bias in the loop (`_loop_body`)
+            w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
+            gates_x.append((*p.matmul(rows, w_input, scaled=False), bias[0]))  # (N, 4C), (N, 1), (4C,)
+        else:
+            # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards would
+            # be another pass over the largest tensor of the model.
+            w_input = g.const(np.concatenate([_np(cell.w_input), bias]), f"w_input{k}")  # (P+1, 4C)
+            gates_x.append(g.op("MatMul", g.op("Concat", rows, packed.ones, axis=1), w_input))  # (N, 4C)
+        for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
+            name = f"{kind}_{d}{k}"
+            graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
+            graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
+            given = g.op("Gather", name, order, axis=0)
+            states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
+    body = _loop_body(opt, cells, gates_x, packed.active, packed.offsets, p.precision, p.int8, f"lstm{k}/step")
+    *final, fwd, bwd = g.op("Loop", packed.steps, g.const(True, "true", np.bool_), *states, outputs=6, body=body)
+    for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
+        g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last
+    return fwd, bwd
 
 
 # ---- the window graph: no Loop, static shapes, rows packed with sentences ----------------------------------------
