@@ -55,7 +55,7 @@ serve: $(SERVE_INSTALLED) $(DEFAULT_MODEL)/manifest.json
 # models/default/ by hand after reading its model card; the committed card adds by hand the data's licence, the
 # word-sense figures of bench/senses and how the run went.
 CORPUS := build/corpus
-$(CORPUS)/train.txt: training/corpus.py training/sources.py | install
+$(CORPUS)/train.txt: training/corpus.py training/texts.py | install
 	$(BIN)/python -m training.corpus --out $(CORPUS)
 
 train-default: $(CORPUS)/train.txt
@@ -88,7 +88,7 @@ corpus-packages: install
 
 corpus: $(CORPUS_ALL).tar.xz
 
-$(CORPUS_ALL)/manifest.json: training/corpus.py training/sources.py | install
+$(CORPUS_ALL)/manifest.json: training/corpus.py training/texts.py | install
 	$(BIN)/python -m training.corpus --sources all --out $(CORPUS_ALL)
 
 $(CORPUS_ALL).tar.xz: $(CORPUS_ALL)/manifest.json
