@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
+from service import __version__
 from service.admission import Admission, AnswerBudget, BodyBudget
 from service.api import embed, errors, health, openai
 from service.api.dependencies import Runtime
@@ -29,7 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # (under /static-offline-docs), so they work where no CDN can be reached; no validator badge (it calls out).
     app = FastAPIOffline(
         title="ELMo embeddings",
-        version="0.1.0",
+        version=__version__,
         description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
         lifespan=lifespan,
         swagger_ui_parameters={"validatorUrl": None},

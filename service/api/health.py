@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service import __version__
 from service.admission import BYTES_PER_NUMBER
 from service.api.answers import JSON, NPZ, json_response
 from service.api.dependencies import model_named, runtime
@@ -48,6 +49,7 @@ async def info(request: Request, model: str | None = None):
     return json_response(
         {
             "model": chosen.name,
+            "version": __version__,  # the service's (elmo-serve --version)
             **described(chosen),
             "settings": settings.public(batch_tokens=chosen.batch_tokens),
             "answer_media_types": {"/embed": [JSON, NPZ]},  # by Accept; the other routes answer JSON
