@@ -5,15 +5,16 @@ PYTHON  ?= python3
 RUNTIME ?= cpu
 BIN     := $(VENV)/bin
 
-DEFAULT_MODEL := build/models/default
+# The embedded default model's export, shipped in the service package (package data): `make default-export`
+EMBEDDED := service/embedded/default
 
-.PHONY: install lint format test serve train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
+.PHONY: install lint format test serve default-export train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
 # scripts/install.sh is also what the Docker images run: torch 2.13.0 (CPU) first, then the project. pip's output
 # goes to $(INSTALL_LOG); the terminal gets a line per step. `make install` (and so `make test`) installs everything:
-# the service, elmo-export, the dev tools and the client; `make serve` only the service and elmo-export, unless
+# the service, elmo-export, the dev tools and the client; `make serve` only the service (no torch), unless
 # everything is there already.
 INSTALL_LOG := $(VENV)/install.log
 SERVE_INSTALLED := $(VENV)/.installed-serve-$(RUNTIME)
@@ -23,7 +24,7 @@ $(VENV)/.installed-$(RUNTIME): pyproject.toml client/pyproject.toml scripts/inst
 	@touch $@ $(SERVE_INSTALLED)
 
 $(SERVE_INSTALLED): pyproject.toml scripts/install.sh
-	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --editable --log $(INSTALL_LOG)
+	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --editable --log $(INSTALL_LOG)
 	@rm -f $(VENV)/.installed*
 	@touch $@
 
@@ -41,14 +42,21 @@ format: install
 test: install lint
 	$(BIN)/python -m pytest -q
 
-# Export the embedded default model once (again when its files change), then serve it on 127.0.0.1:8000
-# (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply).
-$(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 model_export/onnx_graph.py | $(SERVE_INSTALLED)
-	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out $(DEFAULT_MODEL)
+# Serve on 127.0.0.1:8000 (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply): the embedded default
+# model's export that the package ships, unless ELMO_MODELS or ELMO_MODEL_DIR name other models. No torch.
+serve: $(SERVE_INSTALLED)
+	$(BIN)/elmo-serve
 
-# --model only where no ELMO_MODELS or ELMO_MODEL_DIR names what to serve (a flag would override them).
-serve: $(SERVE_INSTALLED) $(DEFAULT_MODEL)/manifest.json
-	$(BIN)/elmo-serve $(if $(ELMO_MODELS)$(ELMO_MODEL_DIR),,--model $(DEFAULT_MODEL))
+# The embedded default model's export, shipped in the package: models/default/ through elmo-export (torch, from
+# `make install`) into $(EMBEDDED), with the model card (the training data's licence notice travels with it).
+# After retraining (copy the result to models/default/) or a new GRAPH_VERSION: `make default-export`, then commit
+# $(EMBEDDED). tests/models/test_embedded_export.py fails until the two agree.
+default-export: install
+	rm -rf build/default-export
+	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out build/default-export
+	cp models/default/MODEL_CARD.md build/default-export/
+	rm -rf $(EMBEDDED) && mkdir -p $(dir $(EMBEDDED)) && mv build/default-export $(EMBEDDED)
+	@du -sh $(EMBEDDED)
 
 # The embedded default model, trained from scratch (README: "Training the default model"): WordNet's glosses
 # (Debian package wordnet-base) as text, then about 70 minutes of elmo-train on one core. Copy the result to

@@ -8,10 +8,11 @@ import os
 import socket
 import sys
 
+from service import __version__
 from service.bulk import ALL_LINES, InputError, Shard, embed_file
 from service.engine import canary
 from service.engine.session import Engine
-from service.settings import default_batch_tokens
+from service.settings import DEFAULT_MODEL_DIR, default_batch_tokens
 
 
 def _shard(text: str) -> Shard:
@@ -27,7 +28,10 @@ def embed_main(argv: list[str] | None = None) -> int:
         description="Embed a file of sentences (.txt: one whitespace-tokenized sentence per line; "
         ".jsonl: one JSON list of tokens per line) into hdf5, one dataset per line.",
     )
-    parser.add_argument("--model", required=True, help="folder written by elmo-export")
+    parser.add_argument("--version", action="version", version=f"elmo-embed {__version__}")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL_DIR, help="folder written by elmo-export (default: the embedded default model)"
+    )
     parser.add_argument("input", help="input .txt or .jsonl")
     parser.add_argument("output", help="output .hdf5")
     parser.add_argument(
@@ -112,6 +116,7 @@ def serve_main(argv: list[str] | None = None) -> int:
         prog="elmo-serve",
         description="Serve an exported model over HTTP. Every setting also comes from ELMO_* environment variables.",
     )
+    parser.add_argument("--version", action="version", version=f"elmo-serve {__version__}")
     parser.add_argument("--model", help="folder written by elmo-export (default: the embedded default model)")
     parser.add_argument(
         "--models",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated
 
@@ -24,8 +25,14 @@ def default_batch_tokens(provider: str) -> int:
     return PROVIDER_BATCH_TOKENS.get(provider, PROVIDER_BATCH_TOKENS["CPUExecutionProvider"])
 
 
-# Where `make serve` exports the embedded default model (models/default/) before serving it.
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "build" / "models" / "default"
+def embedded_model_dir() -> Path:
+    """The embedded default model's export (models/default/ through elmo-export), shipped inside this package as
+    data (service/embedded/default/, written by `make default-export`): what elmo-serve serves, and elmo-embed
+    embeds with, when no model is named. Found through importlib.resources, so an installed wheel finds its own."""
+    return Path(str(files("service") / "embedded" / "default"))
+
+
+DEFAULT_MODEL_DIR = embedded_model_dir()
 # A model's name in ELMO_MODELS: what requests name it by, in URLs, metric labels and logs.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -46,7 +53,9 @@ def parse_models(text: str) -> list[tuple[str, Path]]:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ELMO_", extra="ignore")
 
-    model_dir: Path = Field(DEFAULT_MODEL_DIR, description="folder written by elmo-export")
+    model_dir: Path = Field(
+        DEFAULT_MODEL_DIR, description="folder written by elmo-export; default: the embedded default model's export"
+    )
     model_name: str | None = Field(None, description="name reported in responses; default: the folder name")
     # Several models: ELMO_MODELS=name=folder,name2=folder2 (the first is the default). Unset: one model, model_dir,
     # named model_name or its folder's name; once validated, the models in force either way.

@@ -385,14 +385,18 @@ def test_the_docs_document_every_setting():
 
 
 @pytest.mark.parametrize(
-    ("env", "flag"),
-    [({}, True), ({"ELMO_MODELS": "a=/m/a,b=/m/b"}, False), ({"ELMO_MODEL_DIR": "/m/a"}, False)],
+    "env",
+    [{}, {"ELMO_MODELS": "a=/m/a,b=/m/b"}, {"ELMO_MODEL_DIR": "/m/a"}],
     ids=["default-model", "ELMO_MODELS", "ELMO_MODEL_DIR"],
 )
-def test_make_serve_leaves_the_models_to_elmo_variables_that_name_them(env, flag):
-    # `make serve` passed --model always, so ELMO_MODELS made elmo-serve exit 1 ("both ELMO_MODELS and ...").
+def test_make_serve_needs_no_torch_and_leaves_the_models_to_elmo_variables(env):
+    # `make serve` passed --model always, so ELMO_MODELS made elmo-serve exit 1 ("both ELMO_MODELS and ..."). It
+    # now serves the export the package ships (no --model at all) and installs no export tools: no torch.
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
-    run = subprocess.run(["make", "-n", "-C", str(ROOT), "serve"], capture_output=True, text=True,
-                         env={**clean, **env}, check=True)  # fmt: skip
-    (serve,) = [line for line in run.stdout.splitlines() if "elmo-serve" in line]
-    assert ("--model build/models/default" in serve) is flag, serve
+    run = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), "serve", "VENV=/nonexistent/venv"], capture_output=True,
+                         text=True, env={**clean, **env}, check=True)  # fmt: skip
+    lines = run.stdout.splitlines()
+    (serve,) = [line for line in lines if "elmo-serve" in line]
+    assert "--model" not in serve and "elmo-export" not in run.stdout, serve
+    (install,) = [line for line in lines if "scripts/install.sh" in line]
+    assert "--export" not in install and "torch" not in run.stdout, install
