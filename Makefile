@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 # The embedded default model's export, shipped in the service package (package data): `make default-export`
 EMBEDDED := service/embedded/default
 
-.PHONY: install lint format test serve default-export train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
+.PHONY: install lint format test serve default-export lock train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
@@ -18,15 +18,33 @@ install: $(VENV)/.installed-$(RUNTIME)
 # everything is there already.
 INSTALL_LOG := $(VENV)/install.log
 SERVE_INSTALLED := $(VENV)/.installed-serve-$(RUNTIME)
-$(VENV)/.installed-$(RUNTIME): pyproject.toml client/pyproject.toml scripts/install.sh
+$(VENV)/.installed-$(RUNTIME): pyproject.toml client/pyproject.toml scripts/install.sh requirements/dev.txt
 	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --dev --editable --log $(INSTALL_LOG)
 	@rm -f $(VENV)/.installed*
 	@touch $@ $(SERVE_INSTALLED)
 
-$(SERVE_INSTALLED): pyproject.toml scripts/install.sh
+$(SERVE_INSTALLED): pyproject.toml scripts/install.sh requirements/$(RUNTIME).txt
 	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --editable --log $(INSTALL_LOG)
 	@rm -f $(VENV)/.installed*
 	@touch $@
+
+# The locks: what every install here installs, exactly (scripts/install.sh passes them to pip as constraints);
+# pyproject.toml keeps ranges for library users. requirements/dev.txt: the service, elmo-export (torch 2.13.0, and
+# the CUDA packages of PyPI's build of it, which the CPU build installed first never asks for), otel, the dev tools
+# and the client (make install, CI, the images' export stage); cpu.txt: the service with onnxruntime and otel (make
+# serve, the CPU image); gpu.txt: with onnxruntime-gpu 1.31.1 instead (the GPU image; Python 3.11 and later, as that
+# runtime). Universal (every platform and Python the project supports, markers where they differ), resolved by
+# uv from PyPI; cpu.txt and gpu.txt within dev.txt's versions. `make lock` keeps the pins it can (a change of
+# pyproject.toml's requirements); `make lock LOCK_ARGS=--upgrade` moves every pin to the newest release.
+LOCK_ARGS ?=
+UV_COMPILE = $(BIN)/uv pip compile --quiet --universal --custom-compile-command "make lock" $(LOCK_ARGS)
+lock: install
+	$(UV_COMPILE) --python-version 3.10 pyproject.toml client/pyproject.toml requirements/dev.in \
+		--extra cpu --extra export --extra dev --extra hdf5 -o requirements/dev.txt
+	$(UV_COMPILE) --python-version 3.10 pyproject.toml --extra cpu --extra otel -c requirements/dev.txt \
+		-o requirements/cpu.txt
+	$(UV_COMPILE) --python-version 3.11 pyproject.toml requirements/gpu.in --extra gpu --extra otel \
+		-c requirements/dev.txt -o requirements/gpu.txt
 
 # The docs (mkdocs.yml, docs/) build offline into site/; --strict fails on any warning: a broken link or anchor.
 lint: install

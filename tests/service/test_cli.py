@@ -5,6 +5,7 @@ from pathlib import Path
 
 import h5py
 import pytest
+import tomllib
 
 from service import __version__
 from service.cli import cannot_listen, embed_main, serve_main
@@ -43,8 +44,6 @@ def test_models_are_checked_one_by_one_before_any_loads(tiny_model_dir, tmp_path
 
 
 def test_version_is_single_sourced_and_reported(capsys):
-    import tomllib  # Python 3.11+
-
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert "version" not in pyproject["project"] and pyproject["project"]["dynamic"] == ["version"]
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "service.__version__"}
