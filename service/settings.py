@@ -176,6 +176,22 @@ class Settings(BaseSettings):
 
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
     log_request_text: bool = Field(False, description="log each request's sentences (off: no request text in logs)")
+    log_format: str = Field(
+        "text",
+        pattern="^(text|json)$",
+        description="text, or json: one JSON object a line (time, level, logger, message, and the request's id, "
+        "route, model and counts), uvicorn's lines too",
+    )
+    access_log: bool = Field(
+        False, description="a line per request: method, route, status, duration, client, model, tokens, request id"
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="also serve /metrics on this port of ELMO_HOST, without API keys (for Prometheus); unset: "
+        "/metrics on the main port alone, behind the keys if any",
+    )
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
@@ -184,7 +200,7 @@ class Settings(BaseSettings):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _any_case(cls, value):
         return value.lower() if isinstance(value, str) else value  # DEBUG as debug: logging's and uvicorn's names

@@ -107,7 +107,12 @@ def described(model: ServedModel) -> dict:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
 async def prometheus(request: Request):
-    metrics = runtime(request).metrics
-    for model in request.app.state.models or ():
+    observe_queues(request.app)
+    return Response(generate_latest(runtime(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def observe_queues(app) -> None:
+    """The gauges read at a scrape: each model's queue, now (here, and on ELMO_METRICS_PORT's)."""
+    metrics = app.state.runtime.metrics
+    for model in app.state.models or ():
         metrics.queue_tokens.labels(model.name).set(model.batcher.queued_tokens)
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
