@@ -106,11 +106,12 @@ def _json(start: dict) -> bool:
 
 
 def _with_id(body: bytes, rid: str) -> bytes:
-    """An error's JSON body with `request_id` beside its other keys (a body that is no JSON object is left)."""
+    """An error's JSON body (`{"detail": ...}`, or OpenAI's `{"error": ...}`) with `request_id` beside its other
+    keys; any other body is left as it is (a draining /health/ready's `{"status": "draining"}`)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         return body
-    if not isinstance(payload, dict):
+    if not isinstance(payload, dict) or not ({"detail", "error"} & payload.keys()):
         return body
     return orjson.dumps({**payload, "request_id": rid})

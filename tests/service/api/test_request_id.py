@@ -12,7 +12,7 @@ import sys
 import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from service.api.errors import OpenAIErrors, install
 from service.api.middleware import send_json
@@ -39,6 +39,10 @@ def app_with_ids(access_log: bool = True) -> FastAPI:
     @app.post("/v1/embeddings")
     async def openai(body: dict):
         raise InvalidRequest("empty list", "input")
+
+    @app.get("/health/ready")
+    async def draining():
+        return JSONResponse({"status": "draining"}, status_code=503)
 
     @app.get("/text-error")
     async def text_error():
@@ -100,6 +104,8 @@ def test_every_answer_carries_its_id_and_every_json_error_names_it(caplog):
         assert int(answer.headers["content-length"]) == len(answer.content)
     assert call(app, "POST", "/v1/embeddings", json={}).json()["error"]["param"] == "input"  # OpenAI's shape kept
 
+    draining = call(app, "GET", "/health/ready")  # an answer, not an error: its shape kept
+    assert draining.json() == {"status": "draining"} and draining.headers["x-request-id"]
     plain = call(app, "GET", "/text-error")  # not JSON: left as it is, the header still says the id
     assert plain.text == "nope" and plain.headers["x-request-id"]
 
