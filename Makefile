@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 # The embedded default model's export, shipped in the service package (package data): `make default-export`
 EMBEDDED := service/embedded/default
 
-.PHONY: install lint format test serve default-export lock train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
+.PHONY: install lint format test serve default-export lock package train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
@@ -45,6 +45,12 @@ lock: install
 		-o requirements/cpu.txt
 	$(UV_COMPILE) --python-version 3.11 pyproject.toml requirements/gpu.in --extra gpu --extra otel \
 		-c requirements/dev.txt -o requirements/gpu.txt
+
+# The sdist and the wheel, as published (the wheel holds the embedded default model's export), checked by twine.
+package: install
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
 
 # The docs (mkdocs.yml, docs/) build offline into site/; --strict fails on any warning: a broken link or anchor.
 # The deploy files: hadolint on the Dockerfile, and both Kubernetes overlays rendered by kustomize and validated
@@ -155,4 +161,4 @@ image-test: install
 	$(BIN)/python -m pytest -q -m image -rP tests/deploy/test_image.py
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache
