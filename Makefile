@@ -46,10 +46,12 @@ lock: install
 	$(UV_COMPILE) --python-version 3.11 pyproject.toml requirements/gpu.in --extra gpu --extra otel \
 		-c requirements/dev.txt -o requirements/gpu.txt
 
-# The sdist and the wheel, as published (the wheel holds the embedded default model's export), checked by twine.
+# The sdists and wheels of the service (its wheel holds the embedded default model's export) and of the client, as
+# published, checked by twine.
 package: install
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m build --outdir dist client
 	$(BIN)/twine check --strict dist/*
 
 # The docs (mkdocs.yml, docs/) build offline into site/; --strict fails on any warning: a broken link or anchor.

@@ -51,6 +51,20 @@ def test_the_wheel_holds_the_service_its_licence_and_the_default_model(dist):
     print(f"wheel {wheel.stat().st_size / 1e6:.1f} MB, sdist {sdist.stat().st_size / 1e6:.1f} MB")
 
 
+def test_the_client_is_packaged_likewise(tmp_path):
+    from elmo_client import __version__ as client_version
+
+    run(sys.executable, "-m", "build", "--outdir", tmp_path, ROOT / "client")
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert built == [f"elmo_client-{client_version}-py3-none-any.whl", f"elmo_client-{client_version}.tar.gz"]
+    run(Path(sys.executable).with_name("twine"), "check", "--strict", *tmp_path.iterdir())
+    with zipfile.ZipFile(tmp_path / built[0]) as archive:
+        metadata = archive.read(f"elmo_client-{client_version}.dist-info/METADATA").decode()
+        assert f"elmo_client-{client_version}.dist-info/licenses/LICENSE" in archive.namelist()
+    assert "License-Expression: Apache-2.0" in metadata and "Requires-Dist: httpx" in metadata
+    assert "fastapi" not in metadata and "onnxruntime" not in metadata  # the client needs none of the server's
+
+
 def test_pip_install_the_wheel_then_serve_the_default_model_without_torch(dist, tmp_path):
     (wheel,) = dist.glob("elmo_service-*.whl")
     venv = tmp_path / "venv"
