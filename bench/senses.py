@@ -5,7 +5,7 @@ occurrence is a query; its nearest other occurrence of that word (cosine of the 
 come from the same synset. Layer 0 is context-free: every occurrence of a word has the same vector, so it can only
 guess (its score is the chance rate, ties broken at random). The sentences are WordNet's, not the tests'.
 
-    python -m bench.senses --model build/models/default --examples build/corpus/examples.jsonl
+    python -m bench.senses --model service/embedded/default --examples build/corpus/examples.jsonl
 
 `examples.jsonl` comes from `python -m training.corpus`. The language model read these sentences in training
 (all but the held-out synsets'), never their sense labels; `held-out queries` counts only sentences it never read.
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from service.engine.session import Engine
+from service.settings import DEFAULT_MODEL_DIR
 
 MIN_SENSES = 2
 
@@ -88,7 +89,7 @@ def nearest_neighbour_accuracy(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path("build/models/default"))
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--examples", type=Path, default=Path("build/corpus/examples.jsonl"))
     args = parser.parse_args()
     sentences, occurrences = load_occurrences(args.examples)

@@ -9,7 +9,7 @@ never saw). Layer 0 (the char-CNN) sees only the word, so on words used in sever
 guess by spelling; the upper layers see the context. `ambiguous` scores only the occurrences of words that the
 examples show in two or more parts of speech, the ones where context must decide.
 
-    python -m bench.syntax --model build/models/default --examples build/corpus/examples.jsonl
+    python -m bench.syntax --model service/embedded/default --examples build/corpus/examples.jsonl
     python -m bench.syntax --model build/models/random-control ...   # the same architecture, random weights
 
 Prints a table per layer: accuracy on all held-out occurrences and on the ambiguous ones, with the majority
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.senses import lemma_occurrences, sentence_layers
+from service.settings import DEFAULT_MODEL_DIR
 
 POS = {"n": "noun", "v": "verb", "a": "adjective", "s": "adjective", "r": "adverb"}
 RIDGE = 1.0  # L2 penalty, on standardized features
@@ -98,7 +99,7 @@ def run(model: Path, examples: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path("build/models/default"))
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--examples", type=Path, default=Path("build/corpus/examples.jsonl"))
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from service.batching.batcher import Batcher, Layers, QueueFull
+from service.batching.batcher import Batcher, Layers, QueueFull, Timings
 from service.batching.in_flight import in_flight
 from service.engine.canary import CanaryMismatch, CanaryReport, prove
 from service.engine.session import Engine
@@ -51,11 +51,13 @@ class ServedModel:
         """Whose Moses rules texts sent to this model are tokenized by (its manifest's)."""
         return self.engine.info.language
 
-    async def embed(self, sentences: list[list[str]], client: str, field: str) -> list[Layers]:
+    async def embed(
+        self, sentences: list[list[str]], client: str, field: str, timings: Timings | None = None
+    ) -> list[Layers]:
         """Each sentence's layers, queued on this model's queue in `client`'s turn; Overloaded when the queue is full
-        now, EngineFailed when the engine fails on these sentences alone."""
+        now, EngineFailed when the engine fails on these sentences alone. `timings`: see Batcher.embed."""
         try:
-            return await self.batcher.embed(sentences, client)
+            return await self.batcher.embed(sentences, client, timings)
         except QueueFull as err:  # this model's queue: the other models' are their own
             self.rejected.inc()
             raise Overloaded(f"overloaded: model {self.name}'s {err}; retry later") from None

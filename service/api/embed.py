@@ -8,10 +8,12 @@ from functools import partial
 
 from fastapi import APIRouter, Request
 
+from service.api import tracing
 from service.api.answers import NPZ, Abandoned, Base64, json_response, respond, wants_npz
 from service.api.dependencies import model_named, runtime
 from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
 from service.api.errors import ERRORS
+from service.api.request_id import note
 from service.api.schemas import EmbedRequest, EmbedResponse, TokenizeRequest, TokenizeResponse
 from service.batching.batcher import Layers
 from service.errors import InvalidRequest
@@ -41,7 +43,8 @@ async def embed(body: EmbedRequest, request: Request):
     # The same request answers JSON or .npz by its Accept header: caches must tell them apart.
     headers = {"vary": "accept"}
     observe = runtime(request).metrics.observe_stage
-    return await respond(answer, size, npz, observe, headers=headers, numbers=numbers, offload=offload(request))
+    with tracing.span(request.app.state.tracer, "elmo.encode", model=model.name, encoding=encoding, bytes=size):
+        return await respond(answer, size, npz, observe, headers=headers, numbers=numbers, offload=offload(request))
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ def embed_answer(
 )
 async def tokenize_sentences(body: TokenizeRequest, request: Request):
     model = model_named(request, body.model)
+    note(model=model.name)
     sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, model.language)
     mapping = model.engine.mapping
     data = []

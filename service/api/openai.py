@@ -9,6 +9,7 @@ from functools import partial
 
 from fastapi import APIRouter, Request
 
+from service.api import tracing
 from service.api.answers import Abandoned, Base64, json_response, respond
 from service.api.dependencies import model_named, registry, runtime
 from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
@@ -43,7 +44,9 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
     answer = partial(openai_answer, body, model, sentences, results, cuts)
     numbers = sum(map(len, sentences)) * model.dim * model.num_layers
     observe = runtime(request).metrics.observe_stage
-    return await respond(answer, size, observe=observe, numbers=numbers, offload=offload(request))
+    tracer, encoding = request.app.state.tracer, body.encoding_format
+    with tracing.span(tracer, "elmo.encode", model=model.name, encoding=encoding, bytes=size):
+        return await respond(answer, size, observe=observe, numbers=numbers, offload=offload(request))
 
 
 def openai_answer(

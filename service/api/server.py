@@ -59,7 +59,9 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None]) -> bo
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,
+        # JSON: uvicorn's lines through the process's one handler (service/logs.py); text: uvicorn's own format
+        **({"log_config": None} if settings.log_format == "json" else {}),
+        access_log=False,  # the service's own access line, with the request id: ELMO_ACCESS_LOG
         timeout_graceful_shutdown=settings.drain_s,
         timeout_keep_alive=settings.keep_alive_s,
         http=BoundedHttpProtocol.configured(

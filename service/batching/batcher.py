@@ -71,6 +71,16 @@ class LargerThanQueue(TooLarge):
         )
 
 
+@dataclass
+class Timings:
+    """When a request's sentences were queued, when the first of them joined those in flight, and when the last was
+    answered (time.perf_counter() seconds): its wait in the queue and its time in the engine, for tracing."""
+
+    queued: float = 0.0
+    started: float | None = None
+    answered: float | None = None
+
+
 @dataclass(eq=False)
 class _Entry:
     """One request. `gone` is set on the event loop once it is answered, failed or cancelled; the engine
@@ -81,6 +91,7 @@ class _Entry:
     client: str = ""
     enqueued: float = field(default_factory=time.perf_counter)
     gone: bool = False
+    timings: Timings | None = None  # filled in when the caller asks (a traced request)
 
     def __post_init__(self) -> None:
         self.tokens = sum(len(s) + 2 for s in self.sentences)  # what it costs the queue, boundaries included
@@ -152,15 +163,19 @@ class Batcher:
         if self._thread:
             await asyncio.to_thread(self._thread.join)
 
-    async def embed(self, sentences: list[list[str]], client: str = "") -> list[Layers]:
+    async def embed(
+        self, sentences: list[list[str]], client: str = "", timings: Timings | None = None
+    ) -> list[Layers]:
         """Each sentence's layers (`result()`: (num_layers, n_tokens, dim)), put together by the caller where it
         uses them (a large request's, off the event loop). Raises QueueFull when the queue is full now,
         LargerThanQueue when the request alone is over the queue's size. `client` names whose turn its sentences wait
-        for. Cancelling the awaiting task (the client went away) takes the request out of the queue and of
-        flight."""
+        for; `timings`, if given, gets when they were queued, started and answered. Cancelling the awaiting task (the
+        client went away) takes the request out of the queue and of flight."""
         if not sentences:  # no rows would ever resolve its future
             return []
-        entry = _Entry(sentences, asyncio.get_running_loop().create_future(), client)
+        entry = _Entry(sentences, asyncio.get_running_loop().create_future(), client, timings=timings)
+        if timings is not None:
+            timings.queued = entry.enqueued
         if entry.tokens > self.queue_tokens:
             raise LargerThanQueue(entry.tokens, self.queue_tokens)
         with self._cond:
@@ -240,6 +255,7 @@ class Batcher:
         that completed."""
         rows_in_flight = self._in_flight
         start = time.perf_counter()
+        _started(joining, start)
         self.busy = True
         try:
             rows_in_flight.admit([entry.sentences[i] for entry, i in joining], joining)
@@ -299,6 +315,7 @@ class Batcher:
             return
         sentences = [entry.sentences[i] for entry, i in batch]
         start = time.perf_counter()
+        _started(batch, start)
         self.busy = True
         try:
             layers = self._run(sentences)
@@ -335,12 +352,21 @@ class Batcher:
             entry.results[i] = array
             entry.pending -= 1
             if entry.pending == 0:
+                if entry.timings is not None:
+                    entry.timings.answered = time.perf_counter()
                 entry.future.set_result(entry.results)
 
     @staticmethod
     def _fail(entry: _Entry, err: Exception) -> None:
         if not entry.future.done():
             entry.future.set_exception(err)
+
+
+def _started(items: list[Item], now: float) -> None:
+    """The requests whose first sentence starts now, for those that keep timings."""
+    for entry, _ in items:
+        if entry.timings is not None and entry.timings.started is None:
+            entry.timings.started = now
 
 
 class _Turns:
