@@ -163,9 +163,7 @@ class Batcher:
         if self._thread:
             await asyncio.to_thread(self._thread.join)
 
-    async def embed(
-        self, sentences: list[list[str]], client: str = "", timings: Timings | None = None
-    ) -> list[Layers]:
+    async def embed(self, sentences: list[list[str]], client: str = "", timings: Timings | None = None) -> list[Layers]:
         """Each sentence's layers (`result()`: (num_layers, n_tokens, dim)), put together by the caller where it
         uses them (a large request's, off the event loop). Raises QueueFull when the queue is full now,
         LargerThanQueue when the request alone is over the queue's size. `client` names whose turn its sentences wait
