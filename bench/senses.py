@@ -70,6 +70,9 @@ def nearest_neighbour_outcomes(
     (`query`), whether its nearest same-word occurrence is of the same sense (`hit`, 0 or 1), and the expected
     hit of a random same-word neighbour (`chance`). Ties are broken at random (the draws follow the queries'
     order, so the same rng seed and queries give the same outcomes)."""
+    # float64: equal vectors (layer 0's, for every occurrence of a word) must give equal cosines, or float32's
+    # rounding (about 6e-8 near 1, and not the same in every cell of a matmul) would break the ties, not the draws
+    vectors = np.asarray(vectors, dtype=np.float64)
     unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     by_word = defaultdict(list)
     for i, w in enumerate(words):

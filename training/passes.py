@@ -245,9 +245,10 @@ def summarize_syntax(rows: list[dict]) -> dict:
 
 def control(options_path: Path, examples: Path, cache: Path, threads: int) -> tuple[dict, dict]:
     """The probes on the same architecture with random weights (random_bilm seed 0), cached under `cache` per
-    architecture and examples file."""
+    architecture, examples file and version of bench/senses.py and bench/syntax.py."""
     shape = json.dumps(load_options(options_path).to_dict(), sort_keys=True)
-    key = hashlib.sha256(shape.encode() + _sha256(examples).encode())
+    probes_code = "".join(_sha256(REPO / "bench" / name) for name in ("senses.py", "syntax.py"))
+    key = hashlib.sha256((shape + _sha256(examples) + probes_code).encode())
     folder = cache / f"control-{key.hexdigest()[:12]}"
     figures_path, outcomes_path = folder / "figures.json", folder / "outcomes.json"
     if figures_path.exists() and outcomes_path.exists():
