@@ -97,7 +97,8 @@ def _sha256(path: Path) -> str:
 
 
 def _files_key(paths: list[Path]) -> list[list]:
-    return [[Path(p).name, Path(p).stat().st_size] for p in paths]
+    """The files by name and size, in name order (a shell's glob may order them otherwise)."""
+    return sorted([Path(p).name, Path(p).stat().st_size] for p in paths)
 
 
 def pass_number(folder: Path) -> int | None:
