@@ -574,10 +574,13 @@ def card_section(baseline: tuple[dict, dict] | None, rows: list[tuple[dict, dict
         "",
         f"Held-out perplexity: zero initial state, the model's own vocabulary, {first['perplexity']['predictions']:,} "
         "predictions per direction over the held-out files pooled; the Kneser-Ney bigram on the same vocabulary and "
-        "text. Shared vocabulary: on the words both models' vocabularies hold (the rest one class). Senses: "
+        "text. A model's own-vocabulary figures compare only with models of the same vocabulary (a smaller one has "
+        "fewer words to tell apart); the shared-vocabulary column compares any two: the words both models' "
+        "vocabularies hold, the rest one class. Senses: "
         f"bench.senses, 1-NN same-sense accuracy of the best upper layer on all {s['queries']:,} queries and the "
-        f"same layer on the {s['heldout_queries']} held-out synsets' queries. Syntax: bench.syntax, the probe's "
-        "accuracy per layer on the held-out synsets' occurrences and those of ambiguous words. Control: the same "
+        f"same layer on the {s['heldout_queries']} held-out synsets' queries; layer 0 against its chance rate. Syntax: "
+        "bench.syntax, the probe's accuracy per layer on the held-out synsets' occurrences and those of ambiguous "
+        "words (the rule compares the best upper layer on held-out occurrences). Control: the same "
         "architecture with random weights. allennlp: max abs error of allennlp 2.10.1's _ElmoBiLm against "
         "elmo-embed on the export, 200 held-out sentences, every layer.",
         "",
