@@ -51,6 +51,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import subprocess
 import sys
 import tempfile
@@ -72,7 +73,7 @@ from service.cli import embed_main
 from training.bigram import bigram_perplexities
 from training.evaluate import load_language_model, pooled, shared_perplexity, shared_vocabulary
 from training.language_model import TokenTable, perplexity
-from training.trainer import read_sentences
+from training.trainer import PASS_STATE, finish_pass, read_sentences
 from training.vocab import Vocabulary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -673,6 +674,39 @@ def describe(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def pass_state(folder: Path, checkpoint: Path | None = None, log: Path | None = None) -> dict:
+    """Where the run stood at the end of pass N (`folder`: OUT/passes/N/): its state.json, written with the pass; or,
+    for a pass written before there was one, taken from the run's checkpoint (the history up to that pass) and its
+    log ("epoch N/E: ... (M min of training so far)")."""
+    if (folder / PASS_STATE).exists():
+        return json.loads((folder / PASS_STATE).read_text())
+    number = pass_number(folder)
+    if number is None or checkpoint is None or log is None:
+        raise ValueError(f"{folder} has no {PASS_STATE}: give the run's checkpoint and log to take it from")
+    saved = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    epochs = saved["history"]["epochs"]
+    if len(epochs) < number:
+        raise ValueError(f"{checkpoint} holds {len(epochs)} finished passes, not pass {number}")
+    end = epochs[number - 1]
+    minutes = re.findall(rf"epoch {number}/\d+: held-out perplexity[^(]*\(([\d.]+) min of training so far\)",
+                         Path(log).read_text(errors="replace"))  # fmt: skip
+    if not minutes:
+        raise ValueError(f"{log} does not say when pass {number} ended")
+    history = {"loss": [h for h in saved["history"]["loss"] if h["step"] <= end["step"]], "epochs": epochs[:number]}
+    return {"epoch": number, "step": end["step"], "tokens": end["tokens"], "train_seconds": 60 * float(minutes[-1]),
+            "history": history, "config": saved["config"]}  # fmt: skip
+
+
+def release(folder: Path, corpus: list[Path], heldout: list[Path], config: str, state: dict, card: str = "") -> dict:
+    """A pass as a finished run's folder, in place (training/trainer.py: finish_pass): what `models/default/`
+    holds when it ships; `card`, the per-pass section (`card_section`), is added to its MODEL_CARD.md."""
+    log = finish_pass(folder, corpus, heldout, config, state)
+    if card:
+        with (folder / "MODEL_CARD.md").open("a") as f:
+            f.write("\n" + card)
+    return log
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -693,7 +727,24 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("figures", nargs="+", type=Path)
     t.add_argument("--baseline", type=Path, help="figures.json of today's model: each row compared with it")
     t.add_argument("--out", type=Path, help="also write the section here")
+    r = sub.add_parser("release", help="a pass as a finished run's folder (train_log.json, card, curve), to ship it")
+    r.add_argument("model", type=Path, help="OUT/passes/N/")
+    r.add_argument("--corpus", nargs="+", required=True, type=Path, help="the run's training files")
+    r.add_argument("--heldout", nargs="+", required=True, type=Path, help="the run's held-out files")
+    r.add_argument("--config", required=True, help="the run's --config (its description goes into the card)")
+    r.add_argument("--checkpoint", type=Path, help="the run's checkpoint, for a pass without state.json")
+    r.add_argument("--log", type=Path, help="the run's log, for a pass without state.json")
+    r.add_argument("--table", nargs="*", default=[], type=Path, help="figures.json files: the card's per-pass table")
+    r.add_argument("--baseline", type=Path, help="figures.json of the model it replaces")
     args = parser.parse_args(argv)
+    if args.command == "release":
+        state = pass_state(args.model, args.checkpoint, args.log)
+        rows = [load(p) for p in args.table]
+        card = card_section(load(args.baseline) if args.baseline else None, rows) if rows else ""
+        log = release(args.model, args.corpus, args.heldout, args.config, state, card)
+        ppl = log["heldout_perplexity"]["bilm_zero_state"]
+        print(f"wrote {args.model}: held-out perplexity forward {ppl['forward']}, backward {ppl['backward']}")
+        return 0
     if args.command == "measure":
         torch.set_num_threads(args.threads)
         figures, outcomes = measure(args.model, args.heldout, args.examples, args.work, args.corpus,

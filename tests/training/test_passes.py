@@ -225,3 +225,43 @@ def test_measure_cli_compares_with_a_baseline(measured, split, examples, capsys)
     decision = json.loads((work / "2" / "decision.json").read_text())
     assert decision["ship"] is False and decision["noise"]["method"] == passes.NOISE_METHOD
     assert "| pass 2 |" in (work / "2" / "card.md").read_text()
+
+
+def test_a_pass_is_released_as_a_finished_run_to_ship(trained, corpus, tmp_path):
+    """`release`: a pass of a 3-pass run as the folder a finished run writes, in place (evaluated, train_log.json,
+    the card saying which pass of how many, the curve), with the same weights; its state from state.json, or for a
+    pass written before there was one, from the run's checkpoint and log."""
+    import shutil
+
+    import h5py
+    import torch
+
+    from training.passes import pass_state, release
+    from training.trainer import PASS_STATE
+
+    out, final = trained
+    one = tmp_path / "1"
+    shutil.copytree(out / "passes" / "1", one)
+    state = json.loads((one / PASS_STATE).read_text())
+    assert state["epoch"] == 1 and state["history"]["epochs"] == final["history"]["epochs"][:1]
+    log = release(one, [corpus], None, "tiny", state, card="## Per pass\n\nthe table\n")
+    assert log["passes"] == 1 and log["steps"] == final["history"]["epochs"][0]["step"]
+    card = (one / "MODEL_CARD.md").read_text()
+    assert "1 of the 3 epochs of its schedule" in card and card.endswith("## Per pass\n\nthe table\n")
+    assert (one / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
+    with h5py.File(out / "passes" / "1" / "weights.hdf5") as a, h5py.File(one / "weights.hdf5") as b:
+        name = "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
+        np.testing.assert_array_equal(a[name][...], b[name][...])
+    # a pass written without state.json: the checkpoint's history up to it, and the time from the run's log
+    (one / PASS_STATE).unlink()
+    with pytest.raises(ValueError, match="give the run's checkpoint and log"):
+        pass_state(one)
+    run_log = tmp_path / "train.log"
+    run_log.write_text("epoch 1/3: held-out perplexity forward 9.9, backward 9.8 (1.5 min of training so far)\n")
+    passes_dir = tmp_path / "passes" / "1"
+    shutil.copytree(one, passes_dir)
+    rebuilt = pass_state(passes_dir, out / "checkpoint.pt", run_log)
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert rebuilt["step"] == state["step"] and rebuilt["train_seconds"] == 90.0
+    assert rebuilt["history"]["epochs"] == checkpoint["history"]["epochs"][:1]
+    assert all(h["step"] <= state["step"] for h in rebuilt["history"]["loss"])
