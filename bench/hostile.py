@@ -30,7 +30,7 @@ The third round:
 11. on a server with an API key: the key in a chunked trailer (goal: 401), a malformed chunk-size line and 1000
     trailers (answered at once), and the log written for 200 connections closed with two pipelined GETs.
 
-By default it serves the embedded default model (build/models/default, exported by `make serve`) and starts
+By default it serves the embedded default model (the export the package ships) and starts
 its own elmo-serve on 127.0.0.1 with one ONNX Runtime thread.
 
 The fourth round (`--rounds fourth`; each row on a server of its own, `--rows` picks some, `--tree DIR` serves the
@@ -72,9 +72,9 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.common import ROOT, percentiles, start_server
+from bench.common import percentiles, start_server
+from service.settings import DEFAULT_MODEL_DIR as DEFAULT_MODEL
 
-DEFAULT_MODEL = ROOT / "build" / "models" / "default"
 SMALL = orjson.dumps({"sentences": [["The", "bank", "of", "the", "river", "."]], "pooling": "mean"})
 BOMB = orjson.dumps({"sentences": ["a," * 4_000_000]})
 JSON = {"content-type": "application/json"}

@@ -9,7 +9,7 @@ never saw). Layer 0 (the char-CNN) sees only the word, so on words used in sever
 guess by spelling; the upper layers see the context. `ambiguous` scores only the occurrences of words that the
 examples show in two or more parts of speech, the ones where context must decide.
 
-    python -m bench.syntax --model build/models/default --examples build/corpus/examples.jsonl
+    python -m bench.syntax --model service/embedded/default --examples build/corpus/examples.jsonl
     python -m bench.syntax --model build/models/random-control ...   # the same architecture, random weights
 
 Prints a table per layer: accuracy on all held-out occurrences and on the ambiguous ones, with the majority
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.senses import lemma_occurrences, sentence_layers
+from service.settings import DEFAULT_MODEL_DIR
 
 POS = {"n": "noun", "v": "verb", "a": "adjective", "s": "adjective", "r": "adverb"}
 RIDGE = 1.0  # L2 penalty, on standardized features
@@ -59,6 +60,13 @@ def ridge_probe(train_x: np.ndarray, train_y: list[str], test_x: np.ndarray) -> 
 
 def probe_layers(layers: dict[int, np.ndarray], occurrences) -> list[dict]:
     """layers: sentence index -> (num_layers, tokens, dim). One row per layer (and the mean of the upper ones)."""
+    return probe_layer_outcomes(layers, occurrences)[0]
+
+
+def probe_layer_outcomes(layers: dict[int, np.ndarray], occurrences) -> tuple[list[dict], dict]:
+    """probe_layers' rows, and each held-out occurrence's outcome per layer: {"test": occurrence indexes,
+    "ambiguous": whether each is of an ambiguous word, "layers": {layer: [1 if right else 0, ...]}} (for a paired
+    comparison of two models on the same occurrences)."""
     train = [n for n, o in enumerate(occurrences) if not o[4]]
     test = [n for n, o in enumerate(occurrences) if o[4]]
     if not train or not test:
@@ -68,13 +76,14 @@ def probe_layers(layers: dict[int, np.ndarray], occurrences) -> list[dict]:
     majority = Counter(labels[n] for n in train).most_common(1)[0][0]
     test_ambiguous = [k for k, n in enumerate(test) if occurrences[n][2] in ambiguous]
     num_layers = next(iter(layers.values())).shape[0]
-    rows = []
+    rows, right_by_layer = [], {}
     views = [(str(k), lambda v, k=k: v[k]) for k in range(num_layers)]
     views.append((f"mean of 1..{num_layers - 1}", lambda v: v[1:].mean(0)))
     for name, view in views:
         vectors = np.stack([view(layers[i])[j] for i, j, *_ in occurrences]).astype(np.float64)
         predicted = ridge_probe(vectors[train], [labels[n] for n in train], vectors[test])
         right = [predicted[k] == labels[n] for k, n in enumerate(test)]
+        right_by_layer[name] = [int(r) for r in right]
         rows.append(
             {
                 "layer": name,
@@ -88,21 +97,30 @@ def probe_layers(layers: dict[int, np.ndarray], occurrences) -> list[dict]:
             float(np.mean([labels[test[k]] == majority for k in test_ambiguous])) if test_ambiguous else None
         )
         row["test"], row["ambiguous"], row["train"] = len(test), len(test_ambiguous), len(train)
-    return rows
+    ambiguous_test = [int(occurrences[n][2] in ambiguous) for n in test]
+    return rows, {"test": test, "ambiguous": ambiguous_test, "layers": right_by_layer}
 
 
-def run(model: Path, examples: Path) -> list[dict]:
+def run(model: Path, examples: Path, threads: int = 0) -> list[dict]:
+    return run_with_outcomes(model, examples, threads)[0]
+
+
+def run_with_outcomes(model: Path, examples: Path, threads: int = 0) -> tuple[list[dict], dict]:
+    """run's rows and probe_layer_outcomes' outcomes, each held-out occurrence's word under "words"."""
     sentences, occurrences = load_occurrences(examples)
-    return probe_layers(sentence_layers(model, sentences, sorted({o[0] for o in occurrences})), occurrences)
+    layers = sentence_layers(model, sentences, sorted({o[0] for o in occurrences}), threads)
+    rows, outcomes = probe_layer_outcomes(layers, occurrences)
+    return rows, outcomes | {"words": [occurrences[n][2] for n in outcomes["test"]]}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path("build/models/default"))
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--examples", type=Path, default=Path("build/corpus/examples.jsonl"))
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
     args = parser.parse_args(argv)
-    rows = run(args.model, args.examples)
+    rows = run(args.model, args.examples, args.threads)
     r0 = rows[0]
     print(f"{r0['train']} training occurrences; {r0['test']} held-out ones, {r0['ambiguous']} of ambiguous words")
     print("| layer | part-of-speech accuracy | majority class | ambiguous words only | majority class |")

@@ -114,54 +114,13 @@ def export_model(
     published one there, and returns the manifest's `token_mapping`; `language`: whose Moses rules the service
     tokenizes text with."""
     out_dir = Path(out_dir)
-    opt = model.options
-    cells = [*model.forward_lstm.layers, *model.backward_lstm.layers]
-    initial_state = "warm" if any(bool(c.h0.any() or c.c0.any()) for c in cells) else "zero"
     graphs = graph_list(window, int8)
     with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
         tmp = Path(tmp)
-        for graph in graphs:
-            if graph["kind"] == "loop":
-                model_proto = build_onnx_model(model, graph["precision"], int8)
-            else:
-                model_proto = build_window_model(model, window, graph["precision"])
-            onnx.checker.check_model(model_proto, full_check=model_proto.ByteSize() < EXTERNAL_DATA_BYTES)
-            save_onnx(model_proto, tmp / graph["file"])
-            del model_proto
-        manifest = {
-            "format_version": 2,
-            "graphs": graphs,
-            "architecture": opt.to_dict(),
-            "num_layers": opt.num_output_layers,
-            "output_dim": opt.output_dim,
-            "initial_state": initial_state,
-            "token_mapping": write_mapping(tmp) if write_mapping else {"family": BILM_TF},
-            "tokenizer": {"name": "moses", "language": language},
-            "sources": {kind: {"file": Path(p).name, "sha256": sha256(p)} for kind, p in (sources or {}).items()},
-            "graph_version": GRAPH_VERSION,
-            "opset": OPSET,
-            "onnx_version": onnx.__version__,
-            "onnxruntime_version": ort.__version__,
-            "torch_version": torch.__version__,
-        }
+        _write_graphs(model, graphs, tmp, window, int8)
+        manifest = _manifest(model, graphs, tmp, sources, write_mapping, language)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        want = torch_layers(model, CHECK_SENTENCES, load_mapping(tmp, manifest))
-        fp32 = None
-        for graph in graphs:  # the fp32 Loop graph first: the others are measured against it
-            engine = Engine(tmp, provider="cpu", graph=graph["kind"], precision=graph["precision"])
-            got = engine.run(CHECK_SENTENCES)
-            del engine
-            error = max_abs_error(got, want)
-            if graph["precision"] == "fp32":
-                if not error <= TOLERANCE:
-                    raise ExportError(
-                        f"ONNX Runtime ({graph['kind']} graph) differs from PyTorch by {error:.3g} > {TOLERANCE} "
-                        "on the check batch"
-                    )
-                graph["parity"] = {"max_abs_error": error, "tolerance": TOLERANCE}
-                fp32 = fp32 or got
-            else:  # on the CPU's products at export (fp16's: bench/gpu.py measures it on the GPU)
-                graph["accuracy"] = accuracy(got, fp32)
+        fp32 = _check_graphs(graphs, tmp, torch_layers(model, CHECK_SENTENCES, load_mapping(tmp, manifest)))
         manifest["parity"] = {
             "max_abs_error": max(g["parity"]["max_abs_error"] for g in graphs if "parity" in g),
             "tolerance": TOLERANCE,
@@ -172,13 +131,72 @@ def export_model(
         save_canaries(tmp / CANARIES_FILE, CHECK_SENTENCES, fp32)
         manifest["canaries"] = {"file": CANARIES_FILE, "graph": MODEL_FILE, "sentences": CHECK_SENTENCES}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        stale = [*out_dir.glob("model*.onnx*"), *out_dir.glob("*.dic"), *out_dir.glob(CANARIES_FILE)]
-        for path in stale:  # also an earlier export's mapping
-            path.unlink()
-        for item in tmp.iterdir():
-            shutil.move(str(item), out_dir / item.name)
+        _replace_export(tmp, out_dir)
     return manifest
+
+
+def _write_graphs(model: BiLM, graphs: list[dict], folder: Path, window: int, int8: Int8) -> None:
+    for graph in graphs:
+        if graph["kind"] == "loop":
+            model_proto = build_onnx_model(model, graph["precision"], int8)
+        else:
+            model_proto = build_window_model(model, window, graph["precision"])
+        onnx.checker.check_model(model_proto, full_check=model_proto.ByteSize() < EXTERNAL_DATA_BYTES)
+        save_onnx(model_proto, folder / graph["file"])
+        del model_proto
+
+
+def _manifest(model: BiLM, graphs: list[dict], folder: Path, sources, write_mapping, language: str) -> dict:
+    opt = model.options
+    cells = [*model.forward_lstm.layers, *model.backward_lstm.layers]
+    return {
+        "format_version": 2,
+        "graphs": graphs,
+        "architecture": opt.to_dict(),
+        "num_layers": opt.num_output_layers,
+        "output_dim": opt.output_dim,
+        "initial_state": "warm" if any(bool(c.h0.any() or c.c0.any()) for c in cells) else "zero",
+        "token_mapping": write_mapping(folder) if write_mapping else {"family": BILM_TF},
+        "tokenizer": {"name": "moses", "language": language},
+        "sources": {kind: {"file": Path(p).name, "sha256": sha256(p)} for kind, p in (sources or {}).items()},
+        "graph_version": GRAPH_VERSION,
+        "opset": OPSET,
+        "onnx_version": onnx.__version__,
+        "onnxruntime_version": ort.__version__,
+        "torch_version": torch.__version__,
+    }
+
+
+def _check_graphs(graphs: list[dict], folder: Path, want: list[np.ndarray]) -> list[np.ndarray]:
+    """Each fp32 graph within TOLERANCE of PyTorch's `want` on the CPU (ExportError otherwise), each reduced
+    precision's distance from fp32 recorded in its entry; returns the fp32 Loop graph's layers."""
+    fp32 = None
+    for graph in graphs:  # the fp32 Loop graph first: the others are measured against it
+        engine = Engine(folder, provider="cpu", graph=graph["kind"], precision=graph["precision"])
+        got = engine.run(CHECK_SENTENCES)
+        del engine
+        error = max_abs_error(got, want)
+        if graph["precision"] == "fp32":
+            if not error <= TOLERANCE:
+                raise ExportError(
+                    f"ONNX Runtime ({graph['kind']} graph) differs from PyTorch by {error:.3g} > {TOLERANCE} on the "
+                    "check batch"
+                )
+            graph["parity"] = {"max_abs_error": error, "tolerance": TOLERANCE}
+            fp32 = fp32 or got
+        else:  # on the CPU's products at export (fp16's: bench/gpu.py measures it on the GPU)
+            graph["accuracy"] = accuracy(got, fp32)
+    return fp32
+
+
+def _replace_export(folder: Path, out_dir: Path) -> None:
+    """Move a finished export into out_dir, removing an earlier export's graphs, mapping and canaries first."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stale = [*out_dir.glob("model*.onnx*"), *out_dir.glob("*.dic"), *out_dir.glob(CANARIES_FILE)]
+    for path in stale:
+        path.unlink()
+    for item in folder.iterdir():
+        shutil.move(str(item), out_dir / item.name)
 
 
 def export_published(

@@ -289,20 +289,10 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
     (default: `Int8()`), for the CPU."""
     if precision not in ("fp32", "int8"):
         raise ValueError(f"the Loop graph is written in fp32 or int8, not {precision!r}")
-    opt = model.options
-    g = _Graph()
+    opt, g = model.options, _Graph()
     p = _Precision(g, precision, int8)
-    i64 = np.int64
-    f32 = TensorProto.FLOAT
-    axis0, axis1 = g.const([0], "axis0", i64), g.const([1], "axis1", i64)
-    one, true = g.const(1.0, "one"), g.const(True, "true", np.bool_)
-
-    # Rows longest first (ties keep their order), undone at the end: the rows still running at step t
-    # are then the first active[t], and the loop computes only those.
-    batch = g.op("Shape", "lengths")  # [B]
-    lengths, order = g.op("TopK", "lengths", batch, axis=0, largest=1, sorted=1, outputs=2)
-    rows = g.op("Range", g.const(0, "zero", i64), g.op("Squeeze", batch, axis0), g.const(1, "one_i", i64))
-    unsort = g.op("ScatterElements", g.op("ConstantOfShape", batch, value=_int64_zero()), order, rows, axis=0)
+    f32, axis0 = TensorProto.FLOAT, g.const([0], "axis0", np.int64)
+    order, lengths, unsort = _longest_first(g)
     encoded = _token_encoder(p, model, "token_chars")  # (U, P)
     g.op("Identity", encoded, out=["token_vectors"])
     table = g.op("Concat", encoded, "cached_vectors", axis=0)
@@ -311,20 +301,8 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
         g.op("Transpose", g.op("Gather", table, g.op("Gather", f"index_{d}", order, axis=0)), perm=[1, 0, 2])
         for d in DIRECTIONS
     ]
-
-    # The packed layout of PyTorch's PackedSequence: real (t, b) positions in time-major order.
-    steps = g.op("Squeeze", g.op("Shape", inputs[0], end=1), axis0)  # T
-    time = g.op("Range", g.const(0, "zero", i64), steps, g.const(1, "one_i", i64))
-    running = g.op("Less", g.op("Unsqueeze", time, axis1), g.op("Unsqueeze", lengths, axis0))  # (T, B)
-    active = g.op("ReduceSum", g.op("Cast", running, to=TensorProto.INT64), axis1, keepdims=0)  # (T,)
-    offsets = g.op("CumSum", active, g.const(0, "axis", i64), exclusive=1)  # (T,) first packed row of step t
-    t_b = g.op("NonZero", running)  # (2, N)
-    t_idx, b_idx = g.op("Gather", t_b, g.const(0, "row", i64)), g.op("Gather", t_b, g.const(1, "row", i64))
-    packed_index = g.op("Add", g.op("Mul", t_idx, g.op("Squeeze", batch, axis0)), b_idx)  # (N,) into T*B
-    flat_shape = g.const([-1, opt.proj_dim], "flat", i64)
-    ones = g.op("Expand", one, g.op("Concat", g.op("Shape", packed_index), g.const([1], "n", i64), axis=0))  # (N, 1)
-    start = g.op("Unsqueeze", g.op("Gather", "start", order, axis=0), axis1)  # (B, 1)
-
+    packed = _packed_layout(g, inputs[0], lengths, opt.proj_dim)
+    start = g.op("Unsqueeze", g.op("Gather", "start", order, axis=0), g.const([1], "axis1", np.int64))  # (B, 1)
     graph_inputs = [
         helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", token_width(opt)]),
         helper.make_tensor_value_info("cached_vectors", f32, ["cached", opt.proj_dim]),
@@ -337,32 +315,7 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
     outputs = {d: [x] for d, x in zip(DIRECTIONS, inputs, strict=True)}  # layer 0: the token vectors
     for k, cells in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
         with g.scoped(f"lstm{k}"):
-            gates_x, states = [], []
-            for d, cell, x_d in zip(DIRECTIONS, cells, inputs, strict=True):
-                bias = _np(cell.bias)[None, :]
-                bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
-                packed = g.op("Gather", g.op("Reshape", x_d, flat_shape), packed_index)  # (N, P): real positions
-                if p.int8 and p.int8.activations == "tensor":  # the bias goes in the integer product's own input
-                    w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
-                    gates_x.append(p.matmul(packed, w_input, g.const(bias[0], f"b_input{k}")))  # (N, 4C)
-                elif p.int8:  # scale and bias in the loop (`_loop_body`)
-                    w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
-                    gates_x.append((*p.matmul(packed, w_input, scaled=False), bias[0]))  # (N, 4C), (N, 1), (4C,)
-                else:
-                    # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards
-                    # would be another pass over the largest tensor of the model.
-                    w_input = g.const(np.concatenate([_np(cell.w_input), bias]), f"w_input{k}")  # (P+1, 4C)
-                    gates_x.append(g.op("MatMul", g.op("Concat", packed, ones, axis=1), w_input))  # (N, 4C)
-                for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
-                    name = f"{kind}_{d}{k}"
-                    graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
-                    graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
-                    given = g.op("Gather", name, order, axis=0)
-                    states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
-            body = _loop_body(opt, cells, gates_x, active, offsets, precision, int8, f"lstm{k}/step")
-            *final, fwd, bwd = g.op("Loop", steps, true, *states, outputs=6, body=body)  # scans (T, B, P)
-            for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
-                g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last
+            fwd, bwd = _loop_layer(p, opt, k, cells, inputs, packed, start, order, unsort, graph_inputs, graph_outputs)
             if opt.skip_connections and k > 0:
                 fwd, bwd = g.op("Add", fwd, inputs[0]), g.op("Add", bwd, inputs[1])
         inputs = [fwd, bwd]
@@ -375,14 +328,86 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
         g.op("Gather", g.op("Transpose", stacked, perm=[0, 2, 1, 3]), unsort, axis=1, out=[f"layers_{d}"])
         graph_outputs.append(helper.make_tensor_value_info(f"layers_{d}", f32, shape))
     graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
-    graph = helper.make_graph(g.nodes, "elmo_bilm", graph_inputs, graph_outputs, initializer=g.initializers)
-    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS_DOMAIN, 1)] if p.int8 else [])
-    model_proto = helper.make_model(graph, opset_imports=opsets, producer_name="elmo-export")
-    model_proto.ir_version = IR_VERSION
-    return model_proto
+    return _model(g, "elmo_bilm", graph_inputs, graph_outputs, ms_domain=p.int8 is not None)
 
 
-# ---- the window graph: no Loop, static shapes, state in a slot store ----------------------------------------
+def _longest_first(g: _Graph) -> tuple[str, str, str]:
+    """Rows longest first (ties keep their order), undone at the end: the rows still running at step t are then
+    the first active[t], and the loop computes only those. Returns the order, the sorted lengths, and the
+    permutation that undoes the order."""
+    i64, axis0 = np.int64, g.const([0], "axis0", np.int64)
+    batch = g.op("Shape", "lengths")  # [B]
+    lengths, order = g.op("TopK", "lengths", batch, axis=0, largest=1, sorted=1, outputs=2)
+    rows = g.op("Range", g.const(0, "zero", i64), g.op("Squeeze", batch, axis0), g.const(1, "one_i", i64))
+    unsort = g.op("ScatterElements", g.op("ConstantOfShape", batch, value=_int64_zero()), order, rows, axis=0)
+    return order, lengths, unsort
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """PyTorch's PackedSequence layout of a batch: its real (t, b) positions in time-major order."""
+
+    steps: str  # T
+    active: str  # (T,): rows still running at step t
+    offsets: str  # (T,): the first packed row of step t
+    index: str  # (N,): each real position's index into the (T*B) positions
+    ones: str  # (N, 1): a column of ones, for the bias in the product
+    flat_shape: str  # [-1, P]
+
+
+def _packed_layout(g: _Graph, x: str, lengths: str, proj: int) -> _Packed:
+    i64 = np.int64
+    axis0, axis1 = g.const([0], "axis0", i64), g.const([1], "axis1", i64)
+    steps = g.op("Squeeze", g.op("Shape", x, end=1), axis0)  # T
+    time = g.op("Range", g.const(0, "zero", i64), steps, g.const(1, "one_i", i64))
+    running = g.op("Less", g.op("Unsqueeze", time, axis1), g.op("Unsqueeze", lengths, axis0))  # (T, B)
+    active = g.op("ReduceSum", g.op("Cast", running, to=TensorProto.INT64), axis1, keepdims=0)  # (T,)
+    offsets = g.op("CumSum", active, g.const(0, "axis", i64), exclusive=1)  # (T,) first packed row of step t
+    t_b = g.op("NonZero", running)  # (2, N)
+    t_idx, b_idx = g.op("Gather", t_b, g.const(0, "row", i64)), g.op("Gather", t_b, g.const(1, "row", i64))
+    batch = g.op("Squeeze", g.op("Shape", "lengths"), axis0)
+    index = g.op("Add", g.op("Mul", t_idx, batch), b_idx)  # (N,) into T*B
+    one = g.const(1.0, "one")
+    ones = g.op("Expand", one, g.op("Concat", g.op("Shape", index), g.const([1], "n", i64), axis=0))  # (N, 1)
+    return _Packed(steps, active, offsets, index, ones, g.const([-1, proj], "flat", i64))
+
+
+def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, start, order, unsort, graph_inputs,
+                graph_outputs) -> tuple[str, str]:  # fmt: skip
+    """One biLSTM layer of the Loop graph: each direction's input products for every real position in one product,
+    its state (the initial one where `start`, else the row's given one), the Loop over time; returns each
+    direction's outputs (T, B, P), and names the state inputs and outputs it adds."""
+    g, f32 = p.g, TensorProto.FLOAT
+    gates_x, states = [], []
+    for d, cell, x_d in zip(DIRECTIONS, cells, inputs, strict=True):
+        bias = _np(cell.bias)[None, :]
+        bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+        rows = g.op("Gather", g.op("Reshape", x_d, packed.flat_shape), packed.index)  # (N, P): real positions
+        if p.int8 and p.int8.activations == "tensor":  # the bias goes in the integer product's own input
+            w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
+            gates_x.append(p.matmul(rows, w_input, g.const(bias[0], f"b_input{k}")))  # (N, 4C)
+        elif p.int8:  # scale and bias in the loop (`_loop_body`)
+            w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
+            gates_x.append((*p.matmul(rows, w_input, scaled=False), bias[0]))  # (N, 4C), (N, 1), (4C,)
+        else:
+            # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards would
+            # be another pass over the largest tensor of the model.
+            w_input = g.const(np.concatenate([_np(cell.w_input), bias]), f"w_input{k}")  # (P+1, 4C)
+            gates_x.append(g.op("MatMul", g.op("Concat", rows, packed.ones, axis=1), w_input))  # (N, 4C)
+        for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
+            name = f"{kind}_{d}{k}"
+            graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
+            graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
+            given = g.op("Gather", name, order, axis=0)
+            states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
+    body = _loop_body(opt, cells, gates_x, packed.active, packed.offsets, p.precision, p.int8, f"lstm{k}/step")
+    *final, fwd, bwd = g.op("Loop", packed.steps, g.const(True, "true", np.bool_), *states, outputs=6, body=body)
+    for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
+        g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last
+    return fwd, bwd
+
+
+# ---- the window graph: no Loop, static shapes, rows packed with sentences ----------------------------------------
 
 
 def _cell_step(p: _Precision, opt, weights: tuple[str, str], gates_x: str, h: str, c: str) -> tuple[str, str]:
@@ -403,95 +428,122 @@ def _cell_step(p: _Precision, opt, weights: tuple[str, str], gates_x: str, h: st
 
 def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onnx.ModelProto:
     """The biLM as a graph a GPU likes: `window` time steps unrolled, no Loop and no value the host must read,
-    every shape fixed by the inputs' shapes, so that each (rows, tokens, positions) bucket the engine feeds can
-    be captured as a CUDA graph.
+    every shape fixed by the inputs' shapes (each bucket the engine feeds can be captured as a CUDA graph), both
+    directions in one product per step, and rows packed: a row runs several sentences one after the other,
+    starting each where `resets` says, so no row idles while sentences wait (service/engine/packing.py).
 
-    Inputs:  token_chars int32 (U, token_width), cached_vectors float32 (V, P), index_fwd / index_bwd int64
-             (B, window) into the U + V token vectors (as the Loop graph's); steps int64 (B,): the row's real
-             positions in this window (<= window; 0 for a row that only pads the batch); start bool (B,): the
-             row starts its sentence here, from the model's initial state; slots int64 (B,): the row's slot in
-             the state store; the store h_fwd0, c_fwd0, h_bwd0, ... float32 (S, P) / (S, C): each slot's state
-             after its row's last window; positions int64 (N,): flat indices b * window + t of the positions
-             whose vectors come back.
-    Outputs: layers_fwd, layers_bwd float32 (L+1, N, P) at `positions` (the backward ones at the reversed
-             positions the row read); h_fwd0_next, ...: the store with the rows' slots set to their state
-             after their last real position (padding rows write their slot too: give them a scratch slot);
-             token_vectors float32 (U, P).
+    Inputs:  token_chars int32 (U, token_width), cached_vectors float32 (V, P): as the Loop graph's;
+             index int64 (2, B, W) into the U + V token vectors: each row's positions, forward (0) and in each
+             sentence reversed (1: the backward direction's positions); resets bool (B, W): a sentence starts at
+             this position, from the model's initial state; source int64 (B,): the row of the state inputs each
+             row continues from (read only where resets[:, 0] is false); h0 .. h{L-1} float32 (2, S, P) and
+             c0 .. c{L-1} (2, S, C): the state the previous call left in its S rows (directions first);
+             positions int64 (N,): flat indices b * W + t of the positions whose vectors come back.
+    Outputs: layers float32 (L+1, 2, N, P) at `positions` (layer 0 is the token vectors; the backward ones at
+             the reversed positions the row read); h0_next .. (2, B, P), c0_next .. (2, B, C): each row's state
+             after its last position, for the next call's `source`; token_vectors float32 (U, P).
 
-    Padding is masked, not sliced: a step past a row's `steps` computes and keeps the state it had, so padding
-    never reaches a real position, and a row's numbers do not depend on the other rows."""
+    Positions after a row's last sentence compute numbers that nothing reads: not `positions`, and not the
+    state, since whatever continues in that row next starts with a reset. So nothing is masked, and a row's
+    numbers never depend on the other rows. The gates are reordered i, f, o, j, so that one Sigmoid covers the
+    three sigmoid gates."""
     if precision not in ("fp32", "fp16"):
         raise ValueError(f"the window graph is written in fp32 or fp16, not {precision!r}")
     opt, g = model.options, _Graph()
     p = _Precision(g, precision)
     i64, f32 = np.int64, TensorProto.FLOAT
-    b_axis, t_axis = g.const([0], "axis0", i64), g.const([1], "axis1", i64)
+    cells, proj = opt.cell_dim, opt.proj_dim
 
     encoded = _token_encoder(p, model, "token_chars")  # (U, P)
     g.op("Identity", encoded, out=["token_vectors"])
-    table = g.op("Concat", encoded, "cached_vectors", axis=0)
-    xs = [g.op("Gather", table, f"index_{d}") for d in DIRECTIONS]  # (B, W, P)
-    # masks[t] (B, 1): the row is still running at step t
-    running = g.op("Less", g.const(np.arange(window)[None, :], "time", i64), g.op("Unsqueeze", "steps", t_axis))
-    masks = g.op("Split", running, outputs=window, axis=1) if window > 1 else [running]
-    start = g.op("Unsqueeze", "start", t_axis)  # (B, 1)
-    scatter_index = g.op("Unsqueeze", "slots", t_axis)  # (B, 1)
+    x = g.op("Gather", g.op("Concat", encoded, "cached_vectors", axis=0), "index")  # (2, B, W, P)
+    # reset[t] (1, B, 1): a sentence starts at step t of the row
+    split_steps = g.const([1] * window, "steps", i64)
+    reset = g.op("Unsqueeze", "resets", g.const([0, 3], "axes", i64))  # (1, B, W, 1)
+    reset = g.op("Split", reset, split_steps, axis=2, outputs=window) if window > 1 else [reset]
+    reset = [g.op("Squeeze", r, g.const([2], "axis", i64)) for r in reset]
 
     graph_inputs = [
         helper.make_tensor_value_info("token_chars", TensorProto.INT32, ["tokens", token_width(opt)]),
-        helper.make_tensor_value_info("cached_vectors", f32, ["cached", opt.proj_dim]),
-        helper.make_tensor_value_info("index_fwd", TensorProto.INT64, ["batch", window]),
-        helper.make_tensor_value_info("index_bwd", TensorProto.INT64, ["batch", window]),
-        helper.make_tensor_value_info("steps", TensorProto.INT64, ["batch"]),
-        helper.make_tensor_value_info("start", TensorProto.BOOL, ["batch"]),
-        helper.make_tensor_value_info("slots", TensorProto.INT64, ["batch"]),
+        helper.make_tensor_value_info("cached_vectors", f32, ["cached", proj]),
+        helper.make_tensor_value_info("index", TensorProto.INT64, [2, "rows", window]),
+        helper.make_tensor_value_info("resets", TensorProto.BOOL, ["rows", window]),
+        helper.make_tensor_value_info("source", TensorProto.INT64, ["rows"]),
     ]
     graph_outputs = []
-    outputs = {d: [x] for d, x in zip(DIRECTIONS, xs, strict=True)}  # layer 0: the token vectors
-    flat = g.const([-1, opt.proj_dim], "flat", i64)
-    for k, cells in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
-        for d, cell in zip(DIRECTIONS, cells, strict=True):
-            with g.scoped(f"lstm{k}_{d}"):
-                x = outputs[d][-1]  # (B, W, P)
-                bias = _np(cell.bias)
-                bias[2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
-                # every position's input products in one GEMM, bias included
-                gates_x = g.op("Gemm", p.down(g.op("Reshape", x, flat)), p.weight(_np(cell.w_input), f"w_input{k}"),
-                               p.weight(bias, f"bias{k}"))  # fmt: skip
-                gates_x = g.op("Reshape", p.up(gates_x), g.const([-1, window, 4 * opt.cell_dim], "bw4c", i64))
-                gates_t = g.op("Split", gates_x, outputs=window, axis=1) if window > 1 else [gates_x]
-                state = []
-                for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
-                    name = f"{kind}_{d}{k}"
-                    graph_inputs.append(helper.make_tensor_value_info(name, f32, ["slots", size]))
-                    graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["slots", size]))
-                    given = g.op("Gather", name, "slots", axis=0)
-                    state.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
-                h, c = state
-                weights = p.weight(_np(cell.w_hidden), f"w_hidden{k}"), p.weight(_np(cell.w_proj), f"w_proj{k}")
-                steps_out = []
-                for t in range(window):
-                    gt = g.op("Squeeze", gates_t[t], t_axis)  # (B, 4C)
-                    h_new, c_new = _cell_step(p, opt, weights, gt, h, c)
-                    h, c = g.op("Where", masks[t], h_new, h), g.op("Where", masks[t], c_new, c)
-                    steps_out.append(g.op("Unsqueeze", h_new, t_axis))
-                for kind, final in (("h", h), ("c", c)):
-                    g.op("ScatterND", f"{kind}_{d}{k}", scatter_index, final, out=[f"{kind}_{d}{k}_next"])
-                layer = g.op("Concat", *steps_out, axis=1) if window > 1 else steps_out[0]  # (B, W, P)
-                if opt.skip_connections and k > 0:
-                    layer = g.op("Add", layer, x)
-            outputs[d].append(layer)
+    layers = [x]  # each (2, B, W, P); layer 0: the token vectors
+    for k, pair in enumerate(zip(model.forward_lstm.layers, model.backward_lstm.layers, strict=True)):
+        with g.scoped(f"lstm{k}"):
+            for kind, size in (("h", proj), ("c", cells)):
+                graph_inputs.append(helper.make_tensor_value_info(f"{kind}{k}", f32, [2, "state_rows", size]))
+                graph_outputs.append(helper.make_tensor_value_info(f"{kind}{k}_next", f32, [2, "rows", size]))
+            out, h, c = _window_layer(p, opt, pair, layers[-1], reset, window, k)
+            g.op("Identity", h, out=[f"h{k}_next"])
+            g.op("Identity", c, out=[f"c{k}_next"])
+            if opt.skip_connections and k > 0:
+                out = g.op("Add", out, layers[-1])
+        layers.append(out)
 
     graph_inputs.append(helper.make_tensor_value_info("positions", TensorProto.INT64, ["positions"]))
-    per_layer = g.const([opt.num_output_layers, -1, opt.proj_dim], "per_layer", i64)
-    for d in DIRECTIONS:
-        stacked = g.op("Concat", *[g.op("Unsqueeze", x, b_axis) for x in outputs[d]], axis=0)  # (L+1, B, W, P)
-        g.op("Gather", g.op("Reshape", stacked, per_layer), "positions", axis=1, out=[f"layers_{d}"])
-        graph_outputs.append(
-            helper.make_tensor_value_info(f"layers_{d}", f32, [opt.num_output_layers, "positions", opt.proj_dim])
-        )
-    graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
-    graph = helper.make_graph(g.nodes, "elmo_bilm_window", graph_inputs, graph_outputs, initializer=g.initializers)
-    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="elmo-export")
+    axis0 = g.const([0], "axis0", i64)
+    stacked = g.op("Concat", *[g.op("Unsqueeze", x, axis0) for x in layers], axis=0)  # (L+1, 2, B, W, P)
+    flat = g.op("Reshape", stacked, g.const([opt.num_output_layers, 2, -1, proj], "per_layer", i64))
+    g.op("Gather", flat, "positions", axis=2, out=["layers"])
+    graph_outputs.append(helper.make_tensor_value_info("layers", f32, [opt.num_output_layers, 2, "positions", proj]))
+    graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", proj]))
+    return _model(g, "elmo_bilm_window", graph_inputs, graph_outputs, ms_domain=False)
+
+
+def _window_layer(p: _Precision, opt, pair, x: str, reset: list[str], window: int, k: int) -> tuple[str, str, str]:
+    """One biLSTM layer over a window, both directions at once (a leading axis of 2): x (2, B, W, P) -> its
+    outputs (2, B, W, P) and the state after the window, h (2, B, P) and c (2, B, C)."""
+    g, i64 = p.g, np.int64
+    cells, proj = opt.cell_dim, opt.proj_dim
+    order = np.r_[0:cells, 2 * cells : 4 * cells, cells : 2 * cells]  # gates i, j, f, o -> i, f, o, j
+    w_input, w_hidden, w_proj, initial_h, initial_c = [], [], [], [], []
+    biases = []
+    for cell in pair:
+        bias = _np(cell.bias)
+        bias[2 * cells : 3 * cells] += FORGET_BIAS
+        biases.append(bias[None, order])
+        w_input.append(_np(cell.w_input)[:, order])
+        w_hidden.append(_np(cell.w_hidden)[:, order])
+        w_proj.append(_np(cell.w_proj))
+        initial_h.append(_np(cell.h0)[None, :])
+        initial_c.append(_np(cell.c0)[None, :])
+    # every position's input products in one batched product per layer, both directions; then the bias (a column
+    # of ones in the product, as the Loop graph has it, would take a Shape and an Expand: values on the host)
+    flat = g.op("Reshape", x, g.const([2, -1, proj], "flat", i64))  # (2, B*W, P)
+    products = p.up(g.op("MatMul", p.down(flat), p.weight(np.stack(w_input), "w_in")))
+    products = g.op("Add", products, g.const(np.stack(biases), "bias"))  # (2, B*W, 4C)
+    products = g.op("Reshape", products, g.const([2, -1, window, 4 * cells], "per_step", i64))  # (2, B, W, 4C)
+    steps = g.op("Split", products, g.const([1] * window, "steps", i64), axis=2, outputs=window) if window > 1 \
+        else [products]  # fmt: skip
+    weights = p.weight(np.stack(w_hidden), "w_hidden"), p.weight(np.stack(w_proj), "w_proj")
+    h0, c0 = g.const(np.stack(initial_h), "h_initial"), g.const(np.stack(initial_c), "c_initial")  # (2, 1, P|C)
+    h = g.op("Gather", f"h{k}", "source", axis=1)  # (2, B, P)
+    c = g.op("Gather", f"c{k}", "source", axis=1)
+    step_axis, outputs = g.const([2], "axis2", i64), []
+    split = g.const([3 * cells, cells], "sig_tanh", i64)
+    for t in range(window):
+        h, c = g.op("Where", reset[t], h0, h), g.op("Where", reset[t], c0, c)
+        gates = g.op("Add", g.op("Squeeze", steps[t], step_axis), p.up(g.op("MatMul", p.down(h), weights[0])))
+        sigmoid, j = g.op("Split", gates, split, axis=2, outputs=2)
+        i, f, o = g.op("Split", g.op("Sigmoid", sigmoid), axis=2, outputs=3)
+        c = g.op("Add", g.op("Mul", f, c), g.op("Mul", i, g.op("Tanh", j)))
+        if opt.cell_clip:
+            c = g.op("Clip", c, g.const(-opt.cell_clip, "lo"), g.const(opt.cell_clip, "hi"))
+        h = p.up(g.op("MatMul", p.down(g.op("Mul", o, g.op("Tanh", c))), weights[1]))
+        if opt.proj_clip:
+            h = g.op("Clip", h, g.const(-opt.proj_clip, "lo"), g.const(opt.proj_clip, "hi"))
+        outputs.append(g.op("Unsqueeze", h, step_axis))
+    out = g.op("Concat", *outputs, axis=2) if window > 1 else outputs[0]  # (2, B, W, P)
+    return out, h, c
+
+
+def _model(g: _Graph, name: str, inputs: list, outputs: list, ms_domain: bool) -> onnx.ModelProto:
+    graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.initializers)
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS_DOMAIN, 1)] if ms_domain else [])
+    model_proto = helper.make_model(graph, opset_imports=opsets, producer_name="elmo-export")
     model_proto.ir_version = IR_VERSION
     return model_proto

@@ -2,8 +2,8 @@
 # The one way this project is installed: `make install` (and so `make test`, `make serve` and CI) and both
 # Docker images run this script, so CI exercises the images' install steps although it builds no image.
 #
-#   scripts/install.sh [--venv DIR] [--runtime cpu|gpu] [--export] [--dev] [--editable] [--log FILE] [--dry-run]
-#                      [SOURCE]
+#   scripts/install.sh [--venv DIR] [--runtime cpu|gpu] [--export] [--otel] [--dev] [--editable]
+#                      [--lock FILE | --no-lock] [--log FILE] [--dry-run] [SOURCE]
 #
 #   --venv DIR      create DIR with $PYTHON (default python3) if it is missing, and install into it
 #                   (default: the python3 on PATH, or $PYTHON)
@@ -11,9 +11,13 @@
 #                   module over each other, so the other one is uninstalled first.
 #   --export        the build-time tools (elmo-export): torch 2.13.0 first, CPU build, so that nothing pulls
 #                   another torch and gigabytes of CUDA packages; then onnx
+#   --otel          the OpenTelemetry SDK and OTLP exporter: tracing, once OTEL_EXPORTER_OTLP_ENDPOINT is set
 #   --dev           pytest, ruff and the other test tools, and the Python client (client/, elmo-client),
 #                   whose tests run against the service
 #   --editable      an editable install (a working copy); without it SOURCE is copied into the environment
+#   --lock FILE     install the exact versions FILE pins (pip's constraints; `make lock` writes them), default:
+#                   SOURCE/requirements/dev.txt with --dev or --export, else cpu.txt or gpu.txt by --runtime
+#   --no-lock       the newest versions pyproject.toml's ranges allow, as a library user gets them
 #   --log FILE      pip's output goes to FILE (appended), and the terminal gets one line per step; on a failure,
 #                   the step, the last lines of FILE and its path (without --log: everything on the terminal)
 #   --dry-run       print the commands, run nothing
@@ -21,11 +25,12 @@
 #
 # Environment: PYTHON (the interpreter for a new venv), TORCH_INDEX_URL (where to get torch, e.g.
 # https://download.pytorch.org/whl/cpu, whose torch wheels are CPU-only; default: pip's own configuration),
-# ONNXRUNTIME (a pip requirement that pins the runtime, e.g. onnxruntime-gpu==1.26.0 for CUDA 12).
+# ONNXRUNTIME (a pip requirement that pins the runtime, e.g. onnxruntime-gpu==1.26.0 for CUDA 12: it replaces the
+# lock's pin of that package; the rest stays locked).
 set -euo pipefail
 
 TORCH="torch==2.13.0"
-venv="" runtime="cpu" export_tools=0 dev=0 editable=0 dry_run=0 log=""
+venv="" runtime="cpu" export_tools=0 otel=0 dev=0 editable=0 dry_run=0 log="" lock="" locked=1
 source_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 die() {
@@ -38,9 +43,12 @@ while [ $# -gt 0 ]; do
         --venv) venv="${2:?--venv needs a folder}"; shift 2 ;;
         --runtime) runtime="${2:?--runtime needs cpu or gpu}"; shift 2 ;;
         --export) export_tools=1; shift ;;
+        --otel) otel=1; shift ;;
         --dev) dev=1; shift ;;
         --editable) editable=1; shift ;;
         --log) log="${2:?--log needs a file}"; shift 2 ;;
+        --lock) lock="${2:?--lock needs a file}"; shift 2 ;;
+        --no-lock) locked=0; shift ;;
         --dry-run) dry_run=1; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
@@ -54,6 +62,25 @@ case "$runtime" in
     *) die "--runtime must be cpu or gpu, not '$runtime'" ;;
 esac
 [ -f "$source_dir/pyproject.toml" ] || die "$source_dir has no pyproject.toml: give the project folder"
+
+# The lock: pip's constraints pin every package installed, whatever asks for it (a package it does not list floats).
+constraints=()
+if [ "$locked" = 1 ]; then
+    if [ -z "$lock" ]; then
+        if [ "$dev" = 1 ] || [ "$export_tools" = 1 ]; then lock="$source_dir/requirements/dev.txt"
+        else lock="$source_dir/requirements/$runtime.txt"; fi
+    fi
+    [ -f "$lock" ] || die "$lock not found: give --lock FILE, run \`make lock\`, or --no-lock for pyproject's ranges"
+    if [ -n "${ONNXRUNTIME:-}" ]; then
+        # ONNXRUNTIME pins the runtime instead of the lock: the lock without that package's line
+        name="$(printf '%s' "$ONNXRUNTIME" | sed 's/[=<>!~;[ ].*//')"
+        filtered="$(mktemp)"
+        trap 'rm -f "$filtered"' EXIT
+        grep -v -i "^$name==" "$lock" >"$filtered" || true
+        lock="$filtered"
+    fi
+    constraints=(-c "$lock")
+fi
 
 if [ -n "$log" ] && [ "$dry_run" = 0 ]; then
     mkdir -p "$(dirname "$log")"
@@ -115,9 +142,12 @@ fi
 extras="$runtime"
 if [ "$export_tools" = 1 ]; then
     # torch alone and first: the project's `torch>=2.1` is then already met by the CPU build.
+    # Without the lock: TORCH_INDEX_URL may hold none of the versions it pins for torch's own requirements; the
+    # project's step below brings those to the lock's.
     run "$TORCH" "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH"
     extras="$extras,export"
 fi
+[ "$otel" = 1 ] && extras="$extras,otel"
 [ "$dev" = 1 ] && extras="$extras,dev"
 
 project=()
@@ -129,4 +159,5 @@ add "$source_dir[$extras]"
 [ "$dev" = 1 ] && add "$source_dir/client[hdf5]"
 what="the service [$extras]"
 [ "$dev" = 1 ] && what="$what and the client"
-run "$what, with what they need" "${pip[@]}" "${project[@]}" ${ONNXRUNTIME:+"$ONNXRUNTIME"}
+[ "$locked" = 1 ] && what="$what, locked"
+run "$what, with what they need" "${pip[@]}" "${constraints[@]}" "${project[@]}" ${ONNXRUNTIME:+"$ONNXRUNTIME"}

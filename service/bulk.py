@@ -19,6 +19,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
+from service.engine.packing import PackedRows
 from service.engine.session import Engine
 
 CHUNK_BATCHES = 32  # sort this many batches' worth of lines at a time: little padding, bounded memory
@@ -121,12 +123,13 @@ def embed_file(
 ) -> dict:
     """Embed every line of input_path (of the shard) into output_path; returns counts and timing.
 
-    Three threads, so that the engine never waits on the file system or the parser: a reader parses the next
-    chunks and plans their batches (at most READ_AHEAD_CHUNKS ahead), this thread runs the engine batch after
-    batch, and a writer writes each finished batch to hdf5 (at most WRITE_BEHIND_BATCHES behind). The writer
-    is the only thread that touches the file, h5py not being safe for concurrent use. ONNX Runtime releases the
-    GIL while it runs, so on a GPU the other two work while the device does. The first failure in any of them
-    (a bad line, an engine error, a full disk, KeyboardInterrupt) stops all three and removes the .partial."""
+    Four threads, so that the engine never waits on the file system, the parser or the copies: a reader parses
+    the next chunks and plans their batches (at most READ_AHEAD_CHUNKS ahead), this thread runs the engine, an
+    assembler puts each finished sentence's layers together (its only copy, numpy's, which runs beside the
+    others), and a writer writes them to hdf5 (each at most WRITE_BEHIND_BATCHES behind). The writer is the only
+    thread that touches the file, h5py not being safe for concurrent use. ONNX Runtime releases the GIL while it
+    runs, so on a GPU the others work while the device does. The first failure in any of them (a bad line, an
+    engine error, a full disk, KeyboardInterrupt) stops all four and removes the .partial."""
     output_path = Path(output_path)
     partial = output_path.with_name(output_path.name + ".partial")
     started = time.perf_counter()
@@ -136,28 +139,27 @@ def embed_file(
     stop = threading.Event()
     planned: queue.Queue = queue.Queue(READ_AHEAD_CHUNKS)
     finished: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
+    assembled: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     reader = _Stage(stop, _read_ahead, input_path, shard, batch_tokens, planned, stop)
-    writer = _Stage(stop, _write_behind, partial, finished, stop, bar, started)
+    assembler = _Stage(stop, _assemble, finished, assembled, stop)
+    writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started)
+    stages = (reader, assembler, writer)
     try:
-        reader.start()
-        writer.start()
-        while (planned_chunk := _get(planned, stop)) is not _END:
-            chunk, batches = planned_chunk
-            for batch in batches:
-                layers = engine.run([chunk[i][1] for i in batch])
-                _put(finished, ([chunk[i][0] for i in batch], layers), stop)
-            _put(finished, chunk, stop)  # the chunk is all embedded: index it and move the progress bar
+        for stage in stages:
+            stage.start()
+        (_embed_packed if engine.window else _embed_batches)(engine, planned, finished, stop)
         _put(finished, _END, stop)
+        assembler.join()
         writer.join()
-        if writer.error is not None:
-            raise writer.error
+        if (error := assembler.error or writer.error) is not None:
+            raise error
         os.replace(partial, output_path)
     except BaseException as err:
         stop.set()  # every queue operation and stage loop checks it: the other threads end within POLL_S
-        reader.join()
-        writer.join()  # the writer closes the file before it is removed
+        for stage in stages:
+            stage.join()  # the writer closes the file before it is removed
         partial.unlink(missing_ok=True)
-        failure = reader.error or writer.error  # a _Stopped here means another stage failed first: raise that
+        failure = reader.error or assembler.error or writer.error  # a _Stopped: another stage failed first
         if isinstance(err, _Stopped) and failure is not None:
             raise failure from None
         raise
@@ -166,6 +168,44 @@ def embed_file(
     sentences, tokens_total = writer.result
     seconds = time.perf_counter() - started
     return {"sentences": sentences, "tokens": tokens_total, "seconds": seconds, "tokens_per_s": tokens_total / seconds}
+
+
+def _embed_batches(engine: Engine, planned: queue.Queue, finished: queue.Queue, stop: threading.Event) -> None:
+    """The Loop graph: each planned batch in one call (it computes only the sentences' own positions)."""
+    while (planned_chunk := _get(planned, stop)) is not _END:
+        chunk, batches = planned_chunk
+        for batch in batches:
+            layers = engine.run([chunk[i][1] for i in batch])
+            _put(finished, ([chunk[i][0] for i in batch], layers), stop)
+        _put(finished, chunk, stop)  # the chunk is all embedded: index it and move the progress bar
+
+
+def _embed_packed(engine: Engine, planned: queue.Queue, finished: queue.Queue, stop: threading.Event) -> None:
+    """The window graph: every chunk's sentences through one set of packed rows (service/engine/packing.py), as
+    the service runs them, so rows are refilled across chunks and only the file's end is padding. A chunk goes to
+    the writer once all its sentences have (chunks in order: a repeated sentence keeps its last line)."""
+    packed = PackedRows(engine)
+    enough = 3 * engine.max_rows  # more waiting than a call can start: no row goes empty while lines remain
+    chunks: deque[list] = deque()  # chunks admitted, oldest first, each with its count of sentences unfinished
+    reading = True
+    while True:
+        while reading and len(packed.waiting) < enough:
+            if (planned_chunk := _get(planned, stop)) is _END:
+                reading = False
+                break
+            chunk = planned_chunk[0]
+            left = [len(chunk)]
+            chunks.append([chunk, left])
+            packed.admit((line[1] for line in chunk), ((line[0], left) for line in chunk))
+        if not packed.busy:
+            break
+        done = packed.step()
+        if done:
+            _put(finished, ([s.tag[0] for s in done], done), stop)  # the writer puts each together (`result`)
+        for s in done:
+            s.tag[1][0] -= 1
+        while chunks and chunks[0][1][0] == 0:
+            _put(finished, chunks.popleft()[0], stop)
 
 
 # Bounds on what waits between the stages, so that memory stays bounded however long the input is. A chunk waiting
@@ -254,12 +294,24 @@ def _until(stop: threading.Event, lines: Iterator) -> Iterator:
         yield line
 
 
+def _assemble(finished: queue.Queue, assembled: queue.Queue, stop: threading.Event) -> None:
+    """Assembler stage: each finished batch's layers as contiguous arrays (a packed sentence's put together from
+    its pieces); chunks and the end pass through in order."""
+    while (item := _get(finished, stop)) is not _END:
+        if not isinstance(item, list):  # a batch: (line indexes, layers)
+            lines, layers = item
+            item = (lines, [np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x.result() for x in layers])
+        _put(assembled, item, stop)
+    _put(assembled, _END, stop)
+
+
 def _write_behind(partial: Path, finished: queue.Queue, stop: threading.Event, bar: tqdm, started: float):
     """Writer stage: one dataset per line of each finished batch, then, at _END, sentence_to_index. Returns the
     sentences and tokens written."""
     sentence_to_index: dict[str, str] = {}
     sentences = tokens_total = 0
     with h5py.File(partial, "w") as out:
+        write = _dataset_writer(out)
         while (item := _get(finished, stop)) is not _END:
             if isinstance(item, list):  # a chunk, all of whose batches came before it
                 for line_index, tokens, text, read in item:
@@ -269,14 +321,27 @@ def _write_behind(partial: Path, finished: queue.Queue, stop: threading.Event, b
                     bar.update(read)
                 bar.set_postfix(tokens_per_s=f"{tokens_total / (time.perf_counter() - started):.0f}")
                 continue
-            for line_index, array in zip(*item, strict=True):
+            for line_index, layers in zip(*item, strict=True):
                 if stop.is_set():  # another stage failed: this file is about to be removed
                     raise _Stopped
-                out.create_dataset(str(line_index), data=array)
+                write(str(line_index), layers)
         bar.update(bar.total - bar.n)  # the other shards' lines after this shard's last one
         index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
         index[0] = json.dumps(sentence_to_index)
     return sentences, tokens_total
+
+
+def _dataset_writer(out: h5py.File):
+    """write(name, array): one float32 dataset, through h5py's low-level calls (the high-level create_dataset
+    spends several times longer per dataset in Python, and a file holds one dataset per line)."""
+    spaces: dict[tuple, h5py.h5s.SpaceID] = {}
+
+    def write(name: str, array: np.ndarray) -> None:  # a contiguous float32 array (`_assemble`)
+        space = spaces.get(array.shape) or spaces.setdefault(array.shape, h5py.h5s.create_simple(array.shape))
+        dataset = h5py.h5d.create(out.id, name.encode(), h5py.h5t.IEEE_F32LE, space)
+        dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
+
+    return write
 
 
 def read_embeddings(path: str | Path) -> tuple[dict[int, np.ndarray], dict[str, str]]:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
 import sys
 
+from service import __version__
 from service.bulk import ALL_LINES, InputError, Shard, embed_file
 from service.engine import canary
 from service.engine.session import Engine
-from service.settings import default_batch_tokens
+from service.logs import configure as configure_logs
+from service.settings import DEFAULT_MODEL_DIR, default_batch_tokens
 
 
 def _shard(text: str) -> Shard:
@@ -27,7 +28,10 @@ def embed_main(argv: list[str] | None = None) -> int:
         description="Embed a file of sentences (.txt: one whitespace-tokenized sentence per line; "
         ".jsonl: one JSON list of tokens per line) into hdf5, one dataset per line.",
     )
-    parser.add_argument("--model", required=True, help="folder written by elmo-export")
+    parser.add_argument("--version", action="version", version=f"elmo-embed {__version__}")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL_DIR, help="folder written by elmo-export (default: the embedded default model)"
+    )
     parser.add_argument("input", help="input .txt or .jsonl")
     parser.add_argument("output", help="output .hdf5")
     parser.add_argument(
@@ -112,6 +116,7 @@ def serve_main(argv: list[str] | None = None) -> int:
         prog="elmo-serve",
         description="Serve an exported model over HTTP. Every setting also comes from ELMO_* environment variables.",
     )
+    parser.add_argument("--version", action="version", version=f"elmo-serve {__version__}")
     parser.add_argument("--model", help="folder written by elmo-export (default: the embedded default model)")
     parser.add_argument(
         "--models",
@@ -125,6 +130,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from service.api.app import create_app, start_draining
+    from service.api.metrics_port import serve_metrics
     from service.api.server import serve, uvicorn_problem
     from service.manifest import read_manifest
     from service.settings import Settings, invalid_settings, unknown_variables
@@ -154,12 +160,24 @@ def serve_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    if settings.metrics_port is not None and (err := cannot_listen(settings.host, settings.metrics_port)):
+        where = f"{settings.host}:{settings.metrics_port}"
+        print(f"elmo-serve: cannot listen on {where} ({err.strerror or err}): choose another ELMO_METRICS_PORT",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if problem := uvicorn_problem():
         print(f"elmo-serve: {problem}", file=sys.stderr)
         return 1
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs(settings.log_level, settings.log_format)
     app = create_app(settings)
-    return 0 if serve(app, settings, on_signal=lambda: start_draining(app), metrics=app.state.runtime.metrics) else 1
+    metrics = serve_metrics(app, settings.host, settings.metrics_port) if settings.metrics_port is not None else None
+    try:
+        return (
+            0 if serve(app, settings, on_signal=lambda: start_draining(app), metrics=app.state.runtime.metrics) else 1
+        )
+    finally:
+        if metrics is not None:
+            metrics.shutdown()
 
 
 if __name__ == "__main__":

@@ -14,9 +14,12 @@ MANIFEST = "manifest.json"
 # The graph this engine feeds (model_export/onnx_graph.py writes it): bumped whenever the graph changes (inputs,
 # outputs or what it computes fast), or what the engine must feed it; an export of another version is refused.
 # 7: the manifest's token_mapping (an ELMoForManyLangs export reads other ids, which an engine of version 6 would
-# feed bytes to). An export of version 6 is the same graph with the published byte mapping, and is still served.
-GRAPH_VERSION = 7
-READABLE_GRAPH_VERSIONS = (6, 7)
+# feed bytes to). 8: the window graph packs sentences into rows (resets, source) with both directions batched.
+# Exports of versions 6 and 7 hold the same Loop graph (6: with the published byte mapping), still served; their
+# window graphs are not (`WINDOW_GRAPH_VERSION`).
+GRAPH_VERSION = 8
+READABLE_GRAPH_VERSIONS = (6, 7, 8)
+WINDOW_GRAPH_VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class ModelInfo:
         return self.manifest.get("tokenizer", {}).get("language", "en")
 
     def graph(self, kind: str, precision: str) -> Graph:
+        if kind == "window" and self.manifest.get("graph_version", 0) < WINDOW_GRAPH_VERSION:
+            raise ValueError(
+                f"this model folder's window graph is of graph version {self.manifest.get('graph_version')}, "
+                f"and this engine feeds version {WINDOW_GRAPH_VERSION}: export it again with elmo-export"
+            )
         for graph in self.graphs:
             if graph.kind == kind and graph.precision == precision:
                 return graph

@@ -11,11 +11,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from prometheus_client import Counter
 
-from service.batching.batcher import Batcher, QueueFull
-from service.batching.in_flight import InFlight
+from service.batching.batcher import Batcher, Layers, QueueFull, Timings
+from service.batching.in_flight import in_flight
 from service.engine.canary import CanaryMismatch, CanaryReport, prove
 from service.engine.session import Engine
 from service.errors import EngineFailed, Overloaded, ServiceError, UnknownModel
@@ -52,11 +51,13 @@ class ServedModel:
         """Whose Moses rules texts sent to this model are tokenized by (its manifest's)."""
         return self.engine.info.language
 
-    async def embed(self, sentences: list[list[str]], client: str, field: str) -> list[np.ndarray]:
+    async def embed(
+        self, sentences: list[list[str]], client: str, field: str, timings: Timings | None = None
+    ) -> list[Layers]:
         """Each sentence's layers, queued on this model's queue in `client`'s turn; Overloaded when the queue is full
-        now, EngineFailed when the engine fails on these sentences alone."""
+        now, EngineFailed when the engine fails on these sentences alone. `timings`: see Batcher.embed."""
         try:
-            return await self.batcher.embed(sentences, client)
+            return await self.batcher.embed(sentences, client, timings)
         except QueueFull as err:  # this model's queue: the other models' are their own
             self.rejected.inc()
             raise Overloaded(f"overloaded: model {self.name}'s {err}; retry later") from None
@@ -139,7 +140,7 @@ def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
         batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
         batcher = Batcher(
             engine.run,
-            InFlight(engine, settings.window),
+            in_flight(engine, settings.window),
             batch_tokens,
             settings.max_wait_ms / 1000,
             settings.queue_tokens,

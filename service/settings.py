@@ -6,6 +6,7 @@ import difflib
 import ipaddress
 import re
 from collections.abc import Mapping
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated
 
@@ -25,8 +26,14 @@ def default_batch_tokens(provider: str) -> int:
     return PROVIDER_BATCH_TOKENS.get(provider, PROVIDER_BATCH_TOKENS["CPUExecutionProvider"])
 
 
-# Where `make serve` exports the embedded default model (models/default/) before serving it.
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "build" / "models" / "default"
+def embedded_model_dir() -> Path:
+    """The embedded default model's export (models/default/ through elmo-export), shipped inside this package as
+    data (service/embedded/default/, written by `make default-export`): what elmo-serve serves, and elmo-embed
+    embeds with, when no model is named. Found through importlib.resources, so an installed wheel finds its own."""
+    return Path(str(files("service") / "embedded" / "default"))
+
+
+DEFAULT_MODEL_DIR = embedded_model_dir()
 # A model's name in ELMO_MODELS: what requests name it by, in URLs, metric labels and logs.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -47,7 +54,9 @@ def parse_models(text: str) -> list[tuple[str, Path]]:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ELMO_", extra="ignore")
 
-    model_dir: Path = Field(DEFAULT_MODEL_DIR, description="folder written by elmo-export")
+    model_dir: Path = Field(
+        DEFAULT_MODEL_DIR, description="folder written by elmo-export; default: the embedded default model's export"
+    )
     model_name: str | None = Field(None, description="name reported in responses; default: the folder name")
     # Several models: ELMO_MODELS=name=folder,name2=folder2 (the first is the default). Unset: one model, model_dir,
     # named model_name or its folder's name; once validated, the models in force either way.
@@ -191,6 +200,22 @@ class Settings(BaseSettings):
 
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
     log_request_text: bool = Field(False, description="log each request's sentences (off: no request text in logs)")
+    log_format: str = Field(
+        "text",
+        pattern="^(text|json)$",
+        description="text, or json: one JSON object a line (time, level, logger, message, and the request's id, "
+        "route, model and counts), uvicorn's lines too",
+    )
+    access_log: bool = Field(
+        False, description="a line per request: method, route, status, duration, client, model, tokens, request id"
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="also serve /metrics on this port of ELMO_HOST, without API keys (for Prometheus); unset: "
+        "/metrics on the main port alone, behind the keys if any",
+    )
 
     @field_validator("api_keys", "cors_origins", "forwarded_allow_ips", mode="before")
     @classmethod
@@ -211,7 +236,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"{entry!r} is neither an IP address nor a network (such as 10.0.0.0/8)") from None
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _any_case(cls, value):
         return value.lower() if isinstance(value, str) else value  # DEBUG as debug: logging's and uvicorn's names

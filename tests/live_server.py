@@ -135,8 +135,9 @@ def status_on(path: str, status: int) -> int:
 
 def refusal(response: httpx.Response) -> str:
     """An error answer's message: `detail` on the service's own routes; under /v1/, `error.message`, the body
-    checked to be OpenAI's error shape."""
+    checked to be OpenAI's error shape. Either way the body names its request id, the one its header gives."""
     body = response.json()
+    assert body.pop("request_id") == response.headers["x-request-id"], body
     if response.request.url.path.startswith("/v1/"):
         assert list(body) == ["error"] and list(body["error"]) == ["message", "type", "param", "code"], body
         return body["error"]["message"]

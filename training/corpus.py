@@ -12,7 +12,7 @@ Every 50th synset (by a hash of its offset, so the split never changes) goes to 
 
     python -m training.corpus --out build/corpus   # -> train.txt, heldout.txt, examples.jsonl
 
-With `--sources`, it builds the larger corpus from several installable sources (`training/sources.py`):
+With `--sources`, it builds the larger corpus from several installable sources (`training/texts.py`):
 
     python -m training.corpus --sources all --out build/corpus-all
     # -> train/<source>.txt, heldout/<source>.txt, examples.jsonl, manifest.json
@@ -35,7 +35,7 @@ import zlib
 from pathlib import Path
 
 from service.text.moses import tokenize
-from training.sources import SOURCES, WORDNET_DIR, Source, read_wordnet, split_sentences
+from training.texts import SOURCES, WORDNET_DIR, Source, read_wordnet, split_sentences
 
 HELDOUT_EVERY = 50
 

@@ -36,6 +36,11 @@ def _length(log: dict) -> str:
     if log["config"].get("steps") and log["steps"] == log["config"]["steps"]:
         share = log["tokens_seen"] / (log["train_tokens"] + log["train_sentences"])  # predictions in one epoch
         return f"a budget of {log['steps']} steps ({100 * share:.0f}% of one epoch)"
+    if log.get("passes") is not None and log["passes"] < log["config"]["epochs"]:  # a pass shipped before the end
+        return (
+            f"{log['passes']} of the {log['config']['epochs']} epochs of its schedule (one learning-rate schedule "
+            f"over all {log['config']['epochs']}; this model is the run after pass {log['passes']})"
+        )
     return f"{log['config']['epochs']} epochs"
 
 

@@ -38,6 +38,7 @@ from training.vocab import Vocabulary
 CONFIGS = Path(__file__).with_name("configs")
 CHECKPOINT = "checkpoint.pt"
 PASSES = "passes"  # out/passes/N/: the model as it was after pass (epoch) N
+PASS_STATE = "state.json"  # beside it: where the run stood then (steps, tokens, time, history)
 HELDOUT_EVERY = 50  # without --heldout, every 50th corpus line is held out
 WARMUP_SENTENCES = 2000  # training sentences whose mean final state is the warm initial state measured here
 DEVICES = ("auto", "cpu", "cuda")
@@ -190,6 +191,11 @@ class Trainer:
         if self.device.type == "cuda" and payload.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(payload["cuda_rng"], self.device)  # the same dropout masks on the same GPU
 
+    def pass_state(self) -> dict:
+        """Where the run stands at the end of a pass: what `finish_pass` needs besides the model."""
+        keys = ("epoch", "step", "tokens", "train_seconds")
+        return {key: self.state[key] for key in keys} | {"history": self.history, "config": asdict(self.config)}
+
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
@@ -260,8 +266,11 @@ class Trainer:
             if self.state["batch"] >= len(batches):  # the epoch is over; a step budget that ended inside it
                 self.state["epoch"] += 1  # leaves the position, so a rerun with a larger budget goes on from there
                 self.state["batch"] = 0
-                # Each finished pass is kept as a loadable model, so it can be measured while training goes on.
-                write_model(self.model, self.vocab, self.out_dir / PASSES / str(self.state["epoch"]))
+                # Each finished pass is kept as a loadable model, so it can be measured while training goes on,
+                # with where the run stood then, so it can be shipped as if the run had stopped there.
+                folder = self.out_dir / PASSES / str(self.state["epoch"])
+                write_model(self.model, self.vocab, folder)
+                (folder / PASS_STATE).write_text(json.dumps(self.pass_state(), indent=1) + "\n")
             self.save_checkpoint()
             last_checkpoint = time.monotonic()
         return True
@@ -607,6 +616,24 @@ def _finish(trainer: Trainer, table: TokenTable, text: TrainingText, run: _Run) 
     return log | {"finished": True}
 
 
+def finish_pass(folder: Path, corpus: list[Path], heldout: list[Path] | None, config: str, state: dict) -> dict:
+    """A pass of a run (OUT/passes/N/, and `state`: its PASS_STATE) as a finished run's output folder, in place:
+    evaluated, with train_log.json, MODEL_CARD.md and training_curve.png, as if the run had been planned to stop
+    there (the card says which pass of how many); returns the log. To ship a pass as the default model."""
+    description, _, _ = load_config(config)
+    cfg = TrainingConfig.from_dict(state["config"])
+    options = load_options(folder / "options.json")
+    vocab = Vocabulary.load(folder / "vocab.txt")
+    text = read_text(corpus, heldout)
+    model = BiLanguageModel(options, len(vocab), cfg.dropout)
+    init_from(model, folder)
+    trainer = Trainer(model, vocab, cfg, folder, {}, "fp32")
+    trainer.state |= {key: state[key] for key in ("epoch", "step", "tokens", "train_seconds")}
+    trainer.history = state["history"]
+    run = _Run(description, corpus, heldout, None, options, torch.device("cpu"), "fp32")
+    return _finish(trainer, TokenTable(vocab, options.max_chars), text, run)
+
+
 def _training_log(trainer: Trainer, text: TrainingText, evaluation: Evaluation, run: _Run) -> dict:
     """train_log.json's content."""
     heldout_sentences = text.heldout
@@ -630,6 +657,7 @@ def _training_log(trainer: Trainer, text: TrainingText, evaluation: Evaluation, 
         "options": run.options.to_dict(),
         "train_seconds": round(trainer.state["train_seconds"], 1),
         "steps": trainer.state["step"],
+        "passes": trainer.state["epoch"],  # finished passes over the corpus
         "tokens_seen": trainer.state["tokens"],  # predictions per direction: each word and each sentence end
         "machine": machine(run.device),
         "device": run.device.type,

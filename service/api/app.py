@@ -11,10 +11,12 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
+from service import __version__
 from service.admission import Admission, AnswerBudget, BodyBudget
-from service.api import embed, errors, health, openai
+from service.api import embed, errors, health, openai, tracing
 from service.api.dependencies import Runtime
 from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
+from service.api.request_id import RequestId
 from service.api.static import StaticAnswers
 from service.metrics import Metrics
 from service.models import load_models
@@ -23,18 +25,22 @@ from service.settings import Settings
 log = logging.getLogger("elmo.service")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAPI:
+    """The app for `settings`; its spans go to `tracer_provider` if given (the tests'), else where the OTEL_*
+    variables say (service/api/tracing.py: nowhere by default)."""
     settings = settings or Settings()
     metrics = Metrics()
     # FastAPIOffline: a FastAPI app whose /docs and /redoc load Swagger UI and ReDoc from the package's own files
     # (under /static-offline-docs), so they work where no CDN can be reached; no validator badge (it calls out).
     app = FastAPIOffline(
         title="ELMo embeddings",
-        version="0.1.0",
+        version=__version__,
         description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
         lifespan=lifespan,
         swagger_ui_parameters={"validatorUrl": None},
+        telemetry=tracing.telemetry(tracer_provider),  # FastAPI's own OpenTelemetry support: off until configured
     )
+    app.state.tracer = tracing.tracer(tracer_provider)  # the request's own steps, as its server span's children
     app.state.runtime = Runtime(
         settings,
         metrics,
@@ -56,9 +62,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def add_middleware(app: FastAPI, parts: Runtime) -> None:
-    """Outermost last: metrics see every answer; under /v1/ every error is put in OpenAI's shape; CORS answers
-    preflights (which carry no key) and puts its headers on a 401 too; keys are checked before a body is read, and
-    before the answers that never change are sent from memory; a body is bounded before anything parses it."""
+    """Outermost last: the request id on every answer and log line; metrics see every answer; under /v1/ every
+    error is put in OpenAI's shape; CORS answers preflights (which carry no key) and puts its headers on a 401 too;
+    keys are checked before a body is read, and before the answers that never change are sent from memory; a body
+    is bounded before anything parses it."""
     settings = parts.settings
     bodies = BodyBudget(settings.max_inflight_bytes, settings.max_inflight_bytes_per_client, parts.metrics)
     app.add_middleware(
@@ -82,6 +89,7 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
         )
     app.add_middleware(errors.OpenAIErrors)
     app.add_middleware(RequestMetrics, metrics=parts.metrics)
+    app.add_middleware(RequestId, access_log=settings.access_log)  # every answer, errors too, carries the id
 
 
 @asynccontextmanager

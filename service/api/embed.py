@@ -6,14 +6,16 @@ import threading
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
 from fastapi import APIRouter, Request
 
+from service.api import tracing
 from service.api.answers import NPZ, Abandoned, Base64, json_response, respond, wants_npz
 from service.api.dependencies import model_named, runtime
 from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
 from service.api.errors import ERRORS
+from service.api.request_id import note
 from service.api.schemas import EmbedRequest, EmbedResponse, TokenizeRequest, TokenizeResponse
+from service.batching.batcher import Layers
 from service.errors import InvalidRequest
 from service.mix import compose
 from service.models import ServedModel
@@ -41,7 +43,8 @@ async def embed(body: EmbedRequest, request: Request):
     # The same request answers JSON or .npz by its Accept header: caches must tell them apart.
     headers = {"vary": "accept"}
     observe = runtime(request).metrics.observe_stage
-    return await respond(answer, size, npz, observe, headers=headers, numbers=numbers, offload=offload(request))
+    with tracing.span(request.app.state.tracer, "elmo.encode", model=model.name, encoding=encoding, bytes=size):
+        return await respond(answer, size, npz, observe, headers=headers, numbers=numbers, offload=offload(request))
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def embed_answer(
     model: ServedModel,
     output: Output,
     sentences: list[list[str]],
-    results: list[np.ndarray],
+    results: list[Layers],
     cuts: list[dict],
     encoding: str,
     stop: threading.Event | None = None,
@@ -108,7 +111,8 @@ def embed_answer(
         if stop is not None and stop.is_set():
             raise Abandoned
         single_mix = body.mixes is None
-        out = compose(layers, body.output, output.layer_ids, output.mixes, body.pooling, single_mix, body.unit_length)
+        out = compose(layers.result(), body.output, output.layer_ids, output.mixes, body.pooling, single_mix,
+                      body.unit_length)  # fmt: skip
         embedding = Base64(out) if encoding == "base64" else out
         data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
     return {
@@ -127,6 +131,7 @@ def embed_answer(
 )
 async def tokenize_sentences(body: TokenizeRequest, request: Request):
     model = model_named(request, body.model)
+    note(model=model.name)
     sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, model.language)
     mapping = model.engine.mapping
     data = []

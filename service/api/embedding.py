@@ -8,13 +8,15 @@ import logging
 import threading
 import time
 
-import numpy as np
 from fastapi import Request
 
+from service.api import tracing
 from service.api.answers import Offload
 from service.api.cancellation import Abandoned, off_loop, until_disconnected
 from service.api.dependencies import ready, runtime
 from service.api.middleware import hold_answer
+from service.api.request_id import note
+from service.batching.batcher import Layers, Timings
 from service.models import ServedModel
 from service.text.moses import tokenize
 
@@ -31,10 +33,15 @@ async def tokenized(
     parts = runtime(request)
     parts.admission.before_tokenizing(items, field, truncate)
     sentences = items
-    if any(isinstance(x, str) for x in items):
+    if texts := sum(isinstance(x, str) for x in items):
         work = _tokenizing(items, language, parts.metrics.observe_stage)
-        sentences = await off_loop(request, parts.tokenize_pool, work)
-    return parts.admission.tokens(sentences, field, truncate)
+        with tracing.span(request.app.state.tracer, "elmo.tokenize", texts=texts, language=language) as span:
+            sentences = await off_loop(request, parts.tokenize_pool, work)
+            if span is not None:
+                span.set_attribute("elmo.tokens", sum(map(len, sentences)))
+    tokens, cuts = parts.admission.tokens(sentences, field, truncate)
+    note(sentences=len(tokens), tokens=sum(map(len, tokens)))
+    return tokens, cuts
 
 
 def _tokenizing(items: list, language: str, observe):
@@ -69,7 +76,7 @@ def reserve_answer(
     return size
 
 
-async def embedded(request: Request, model: ServedModel, sentences: list[list[str]], field: str) -> list[np.ndarray]:
+async def embedded(request: Request, model: ServedModel, sentences: list[list[str]], field: str) -> list[Layers]:
     """Each sentence's layers from `model`'s queue, in the turn of the client's address; dropped from the queue
     and from flight if the client goes away first. While draining, a request that got in is still served: the
     server stopped accepting connections already."""
@@ -77,10 +84,17 @@ async def embedded(request: Request, model: ServedModel, sentences: list[list[st
     parts = runtime(request)
     if parts.settings.log_request_text:  # off by default: request text never reaches the logs
         log.info("%s %s %s", request.url.path, model.name, sentences)
+    note(model=model.name)
     started = time.perf_counter()
     client = request.client.host if request.client else ""  # whose turn its sentences wait for
-    layers = await until_disconnected(request, model.embed(sentences, client, field))
+    timings = Timings() if tracing.tracing() else None
+    layers = await until_disconnected(request, model.embed(sentences, client, field, timings))
     parts.metrics.observe_stage("engine", time.perf_counter() - started)
+    if timings is not None and timings.started is not None and timings.answered is not None:
+        counts = {"model": model.name, "sentences": len(sentences), "tokens": sum(map(len, sentences))}
+        tracer = request.app.state.tracer
+        tracing.record(tracer, "elmo.queue", timings.queued, timings.started, **counts)
+        tracing.record(tracer, "elmo.inference", timings.started, timings.answered, **counts)
     return layers
 
 

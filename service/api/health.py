@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service import __version__
 from service.admission import BYTES_PER_NUMBER
 from service.api.answers import JSON, NPZ, json_response
 from service.api.dependencies import model_named, runtime
@@ -49,6 +50,7 @@ async def info(request: Request, model: str | None = None):
     return json_response(
         {
             "model": chosen.name,
+            "version": __version__,  # the service's (elmo-serve --version)
             **described(chosen),
             "settings": settings.public(batch_tokens=chosen.batch_tokens),
             "answer_media_types": {"/embed": [JSON, NPZ]},  # by Accept; the other routes answer JSON
@@ -109,7 +111,12 @@ def described(model: ServedModel) -> dict:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
 async def prometheus(request: Request):
-    metrics = runtime(request).metrics
-    for model in request.app.state.models or ():
+    observe_queues(request.app)
+    return Response(generate_latest(runtime(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def observe_queues(app) -> None:
+    """The gauges read at a scrape: each model's queue, now (here, and on ELMO_METRICS_PORT's)."""
+    metrics = app.state.runtime.metrics
+    for model in app.state.models or ():
         metrics.queue_tokens.labels(model.name).set(model.batcher.queued_tokens)
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

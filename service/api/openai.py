@@ -7,14 +7,15 @@ from __future__ import annotations
 import threading
 from functools import partial
 
-import numpy as np
 from fastapi import APIRouter, Request
 
+from service.api import tracing
 from service.api.answers import Abandoned, Base64, json_response, respond
 from service.api.dependencies import model_named, registry, runtime
 from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
 from service.api.errors import OPENAI_ERRORS
 from service.api.schemas import ModelList, ModelObject, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
+from service.batching.batcher import Layers
 from service.errors import InvalidRequest
 from service.mix import compose
 from service.models import ServedModel
@@ -43,14 +44,16 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
     answer = partial(openai_answer, body, model, sentences, results, cuts)
     numbers = sum(map(len, sentences)) * model.dim * model.num_layers
     observe = runtime(request).metrics.observe_stage
-    return await respond(answer, size, observe=observe, numbers=numbers, offload=offload(request))
+    tracer, encoding = request.app.state.tracer, body.encoding_format
+    with tracing.span(tracer, "elmo.encode", model=model.name, encoding=encoding, bytes=size):
+        return await respond(answer, size, observe=observe, numbers=numbers, offload=offload(request))
 
 
 def openai_answer(
     body: OpenAIEmbeddingRequest,
     model: ServedModel,
     sentences: list[list[str]],
-    results: list[np.ndarray],
+    results: list[Layers],
     cuts: list[dict],
     stop: threading.Event | None = None,
 ) -> dict:
@@ -60,7 +63,7 @@ def openai_answer(
     for i, (layers, cut) in enumerate(zip(results, cuts, strict=True)):
         if stop is not None and stop.is_set():
             raise Abandoned
-        vector = compose(layers, "mix", None, default_mix, "mean", single_mix=True, unit=body.unit_length)
+        vector = compose(layers.result(), "mix", None, default_mix, "mean", single_mix=True, unit=body.unit_length)
         embedding = Base64(vector) if body.encoding_format == "base64" else vector
         data.append({"object": "embedding", "index": i, "embedding": embedding, **cut})
     tokens = sum(map(len, sentences))

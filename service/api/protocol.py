@@ -16,7 +16,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from service.api.connections import ConnectionCaps, RequestTurns, Trusted
-from service.api.logs import AddressLog
+from service.api.log_bounds import AddressLog
 
 log = logging.getLogger("elmo.service")
 LIVE_PATH = "/health/live"

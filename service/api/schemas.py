@@ -205,6 +205,7 @@ class ModelList(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: str | list
+    request_id: str | None = Field(None, description="the answer's X-Request-Id: what its log lines carry")
 
 
 class OpenAIError(BaseModel):
@@ -218,3 +219,4 @@ class OpenAIErrorResponse(BaseModel):
     """The /v1/* routes' errors, in OpenAI's shape (400 where the other routes answer 413 or 422)."""
 
     error: OpenAIError
+    request_id: str | None = Field(None, description="the answer's X-Request-Id: what its log lines carry")

@@ -17,7 +17,7 @@ from uvicorn.middleware.proxy_headers import _TrustedHosts
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.api.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
-from service.api.logs import AddressLog
+from service.api.log_bounds import AddressLog
 from service.api.protocol import BoundedHttpProtocol
 from service.metrics import Metrics
 from service.settings import Settings
@@ -68,7 +68,9 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,
+        # JSON: uvicorn's lines through the process's one handler (service/logs.py); text: uvicorn's own format
+        **({"log_config": None} if settings.log_format == "json" else {}),
+        access_log=False,  # the service's own access line, with the request id: ELMO_ACCESS_LOG
         ws="none",  # no route is a WebSocket: an upgrade is refused by the protocol before anything logs it
         # X-Forwarded-For only from the proxies named (uvicorn's default trusts 127.0.0.1's: any local process's)
         proxy_headers=bool(trusted),

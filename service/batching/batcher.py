@@ -33,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -41,6 +42,24 @@ from service.errors import Overloaded, TooLarge
 
 EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
 log = logging.getLogger("elmo.batcher")
+
+
+class Layers(Protocol):
+    """A sentence's layers, put together when asked for (`result()`: (num_layers, n_tokens, dim) float32)."""
+
+    def result(self) -> np.ndarray: ...
+
+
+class Computed:
+    """Layers computed whole (a retry's `engine.run`), given as the rows in flight give theirs."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def result(self) -> np.ndarray:
+        return self.array
 
 
 class QueueFull(Overloaded):
@@ -58,6 +77,16 @@ class LargerThanQueue(TooLarge):
         )
 
 
+@dataclass
+class Timings:
+    """When a request's sentences were queued, when the first of them joined those in flight, and when the last was
+    answered (time.perf_counter() seconds): its wait in the queue and its time in the engine, for tracing."""
+
+    queued: float = 0.0
+    started: float | None = None
+    answered: float | None = None
+
+
 @dataclass(eq=False)
 class _Entry:
     """One request. `gone` is set on the event loop once it is answered, failed or cancelled; the engine
@@ -68,10 +97,11 @@ class _Entry:
     client: str = ""
     enqueued: float = field(default_factory=time.perf_counter)
     gone: bool = False
+    timings: Timings | None = None  # filled in when the caller asks (a traced request)
 
     def __post_init__(self) -> None:
         self.tokens = sum(len(s) + 2 for s in self.sentences)  # what it costs the queue, boundaries included
-        self.results: list[np.ndarray | None] = [None] * len(self.sentences)
+        self.results: list[Layers | None] = [None] * len(self.sentences)
         self.pending = len(self.sentences)  # sentences not answered yet
         self.waiting = len(self.sentences)  # sentences still in the queue
         self.unfinished = len(self.sentences)  # sentences not finished in flight (engine thread only)
@@ -89,8 +119,8 @@ class BatchStats:
     """What one engine call was, for the metrics: a window over the sentences in flight (or a retry)."""
 
     sentences: int
-    padded_tokens: int  # rows x the window's longest, boundary tokens included
-    real_tokens: int  # positions computed
+    padded_tokens: int  # positions computed, padding included (the Loop graph's: rows x the longest window)
+    real_tokens: int  # the sentences' own positions, boundary tokens included
     seconds: float
     queue_seconds: list[float]  # of the sentences that joined with it
 
@@ -139,14 +169,17 @@ class Batcher:
         if self._thread:
             await asyncio.to_thread(self._thread.join)
 
-    async def embed(self, sentences: list[list[str]], client: str = "") -> list[np.ndarray]:
-        """Each sentence's layers (num_layers, n_tokens, dim). Raises QueueFull when the queue is full now,
+    async def embed(self, sentences: list[list[str]], client: str = "", timings: Timings | None = None) -> list[Layers]:
+        """Each sentence's layers (`result()`: (num_layers, n_tokens, dim)), put together by the caller where it
+        uses them (a large request's, off the event loop). Raises QueueFull when the queue is full now,
         LargerThanQueue when the request alone is over the queue's size. `client` names whose turn its sentences wait
-        for. Cancelling the awaiting task (the client went away) takes the request out of the queue and of
-        flight."""
+        for; `timings`, if given, gets when they were queued, started and answered. Cancelling the awaiting task (the
+        client went away) takes the request out of the queue and of flight."""
         if not sentences:  # no rows would ever resolve its future
             return []
-        entry = _Entry(sentences, asyncio.get_running_loop().create_future(), client)
+        entry = _Entry(sentences, asyncio.get_running_loop().create_future(), client, timings=timings)
+        if timings is not None:
+            timings.queued = entry.enqueued
         if entry.tokens > self.queue_tokens:
             raise LargerThanQueue(entry.tokens, self.queue_tokens)
         with self._cond:
@@ -256,12 +289,12 @@ class Batcher:
         that completed."""
         rows_in_flight = self._in_flight
         start = time.perf_counter()
+        _started(joining, start)
         self.busy = True
         try:
             rows_in_flight.admit([entry.sentences[i] for entry, i in joining], joining)
-            window = self._window_length()
-            rows = [(row.tag, min(window, row.length - row.position)) for row in rows_in_flight.rows]
-            finished = rows_in_flight.step(window) if rows else []
+            ran = bool(rows_in_flight.rows)
+            finished = rows_in_flight.step(self._window_length()) if ran else []
         except Exception as err:  # out of memory, say: the rows' state is unknown, run them again whole
             cleared = [row.tag for row in rows_in_flight.clear()]
             failed = cleared + [item for item in joining if item not in cleared]  # those admit did not reach
@@ -272,21 +305,22 @@ class Batcher:
             return 0
         finally:
             self.busy = False
-        if not rows:
+        if not ran:
             return 0
+        sentences, real, computed = rows_in_flight.last_call
         self._on_batch(
             BatchStats(
-                sentences=len(rows),
-                padded_tokens=len(rows)
-                * (rows_in_flight.engine.window or max(n for _, n in rows)),  # what was computed
-                real_tokens=sum(n for _, n in rows),
+                sentences=sentences,
+                padded_tokens=computed,
+                real_tokens=real,
                 seconds=time.perf_counter() - start,
                 queue_seconds=[start - entry.enqueued for entry, _ in joining],
             )
         )
         if not finished:
             return 0
-        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row.result()) for row in finished])
+        # each sentence's layers are put together where they are used (`result()`), not on this thread
+        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row) for row in finished])
         completed = 0
         for entry, _ in (row.tag for row in finished):
             entry.unfinished -= 1
@@ -315,6 +349,7 @@ class Batcher:
             return
         sentences = [entry.sentences[i] for entry, i in batch]
         start = time.perf_counter()
+        _started(batch, start)
         self.busy = True
         try:
             layers = self._run(sentences)
@@ -338,24 +373,34 @@ class Batcher:
                 queue_seconds=[],
             )
         )
-        self._loop.call_soon_threadsafe(self._deliver, [(e, i, a) for (e, i), a in zip(batch, layers, strict=True)])
+        computed = [(e, i, Computed(a)) for (e, i), a in zip(batch, layers, strict=True)]
+        self._loop.call_soon_threadsafe(self._deliver, computed)
 
     # ---- back on the event loop ---------------------------------------------------------------------------
 
     @staticmethod
-    def _deliver(results: list[tuple[_Entry, int, np.ndarray]]) -> None:
+    def _deliver(results: list[tuple[_Entry, int, Layers]]) -> None:
         for entry, i, array in results:
             if entry.future.done():
                 continue
             entry.results[i] = array
             entry.pending -= 1
             if entry.pending == 0:
+                if entry.timings is not None:
+                    entry.timings.answered = time.perf_counter()
                 entry.future.set_result(entry.results)
 
     @staticmethod
     def _fail(entry: _Entry, err: Exception) -> None:
         if not entry.future.done():
             entry.future.set_exception(err)
+
+
+def _started(items: list[Item], now: float) -> None:
+    """The requests whose first sentence starts now, for those that keep timings."""
+    for entry, _ in items:
+        if entry.timings is not None and entry.timings.started is None:
+            entry.timings.started = now
 
 
 class _Turns:

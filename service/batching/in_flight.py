@@ -10,10 +10,13 @@ stay full while clients come and go (iteration-level scheduling, as LLM servers 
 several steps so that each layer's input products stay one large product per window, and the per-call
 overhead small).
 
-Each sentence in flight holds a slot of the engine's state store, where its LSTM state stays between windows
-(on the device, on a GPU). It is the same graph as a whole run, fed windows (model_export/onnx_graph.py), so a
-sentence's vectors are the same bits window by window as whole, whatever else is in flight (on CPU:
-tests/service/batching/test_in_flight.py; a GPU's kernels may round a product differently for another number of rows).
+On the Loop graph (the CPU's) each sentence in flight holds a slot of the engine's state store, where its LSTM
+state stays between windows (`InFlight`). On the window graph (a GPU's), whose every call computes its whole window
+of every row, rows are packed with sentences one after the other (`PackedInFlight`, service/engine/packing.py), so
+that no row idles to the end of a window. Either way it is the same graph as a whole run (model_export/onnx_graph.py),
+so a sentence's vectors are the same bits window by window as whole, whatever else is in flight (on the CPU:
+tests/service/batching/test_in_flight.py; a GPU's kernels may round a product differently for another number of
+rows).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from service.engine.feeds import place, sentence_keys
+from service.engine.packing import PackedRows, Sentence
 from service.engine.session import Engine
 
 
@@ -47,15 +51,21 @@ class Row:
         return np.ascontiguousarray(self.layers[:, 1:-1])
 
 
+def in_flight(engine: Engine, window: int) -> InFlight | PackedInFlight:
+    """The sentences in flight on `engine`: window by window on the Loop graph, packed rows on the window graph."""
+    return PackedInFlight(engine) if engine.window else InFlight(engine, window)
+
+
 class InFlight:
-    """The sentences in flight on an engine, at most `engine.max_rows`. Not thread-safe: one thread drives it."""
+    """The sentences in flight on a Loop-graph engine, at most `engine.max_rows`, each advancing `window`
+    positions a call (the Loop graph computes only real positions: nothing to pack). Not thread-safe: one thread
+    drives it."""
 
     def __init__(self, engine: Engine, window: int):
-        self.engine = engine
-        # The window graph computes its whole window whatever a call asks for: it advances by that window.
-        self.window = engine.window or window
+        self.engine, self.window = engine, window
         self.rows: list[Row] = []
         self._free = list(range(engine.max_rows, 0, -1))  # slots 1..max_rows; slot 0 is the engine's scratch
+        self.last_call = (0, 0, 0)  # the last call's sentences, their positions, and the positions computed
 
     @property
     def room(self) -> int:
@@ -72,10 +82,11 @@ class InFlight:
             self.rows.append(Row(tag, keys, info.num_layers, info.dim, self._free.pop()))
 
     def step(self, window: int | None = None) -> list[Row]:
-        """Run the next window (`window` positions, default `self.window`; always the window graph's own) of
-        every row; returns the rows that finished (and are no longer in flight)."""
-        rows, window = self.rows, self.window if self.engine.window else window or self.window
+        """Run the next window (`window` positions, default `self.window`) of every row; returns the rows that
+        finished (and are no longer in flight)."""
+        rows, window = self.rows, window or self.window
         windows = [(row.keys, row.position, min(window, row.length - row.position)) for row in rows]
+        self.last_call = (len(windows), sum(n for _, _, n in windows), len(windows) * max(n for _, _, n in windows))
         start = np.array([row.position == 0 for row in rows])
         fwd, bwd = self.engine.step(windows, start, np.array([row.slot for row in rows], np.int64))
         place([row.layers for row in rows], windows, fwd, bwd, self.engine.info.token_dim)
@@ -100,3 +111,44 @@ class InFlight:
         rows, self.rows = self.rows, []
         self._free += [row.slot for row in rows]
         return rows
+
+
+class PackedInFlight:
+    """The sentences in flight on a window-graph engine: rows packed with sentences (service/engine/packing.py),
+    each call the graph's whole window of every row. Sentences join between calls, as many as the next call can
+    start (`room`). Not thread-safe: one thread drives it."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.window = engine, engine.window
+        self.packed = PackedRows(engine)
+        self.last_call = (0, 0, 0)  # the last call's sentences, their positions, and the positions computed
+
+    @property
+    def rows(self) -> list[Sentence]:
+        """Every sentence in flight, those being computed first."""
+        return self.packed.in_flight
+
+    @property
+    def room(self) -> int:
+        """How many more sentences may join: as many as the next call could start (each is at least 3 positions);
+        the batcher's token budget bounds them first. Fewer waiting than a call can take would leave rows empty."""
+        return max(0, self.engine.max_rows * self.window // 3 - len(self.packed.waiting))
+
+    def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
+        """Let sentences join (at most `room`): they start with the next calls."""
+        if len(sentences) > self.room:
+            raise ValueError(f"{len(sentences)} sentences cannot join: room for {self.room}")
+        self.packed.admit(sentences, tags)
+
+    def step(self, window: int | None = None) -> list[Sentence]:
+        """Run the next call (the graph's window, whatever `window` says); the sentences it finished."""
+        positions, computed = self.packed.positions, self.packed.computed
+        finished = self.packed.step()
+        self.last_call = (self.packed.segments, self.packed.positions - positions, self.packed.computed - computed)
+        return finished
+
+    def drop(self, unwanted: Callable[[Sentence], bool]) -> list[Sentence]:
+        return self.packed.drop(unwanted)
+
+    def clear(self) -> list[Sentence]:
+        return self.packed.clear()

@@ -1,6 +1,6 @@
-"""What a graph call is fed and what it gives back, in numpy: a window of positions of each sentence as unique
-tokens + indices into them (`encode_windows`), the shapes the window graph is fed in (`bucket`), and its packed
-outputs written back into each sentence's layers (`place`)."""
+"""What a graph call is fed and what it gives back, in numpy: the positions of each row as unique tokens + indices
+into them (`token_inputs`, `index_rows`; the Loop graph's `encode_windows`), the shapes the window graph is fed in
+(`bucket`), and the Loop graph's outputs written back into each sentence's layers (`place`)."""
 
 from __future__ import annotations
 
@@ -16,37 +16,31 @@ from service.text.token_ids import Mapping
 def sentence_keys(sentence: Sequence[str], mapping: Mapping) -> list[Hashable]:
     """The sentence as the biLM reads it: the begin boundary, each token's key (text/token_ids.py), the end one."""
     begin, end = mapping.boundaries
-    return [begin, *(mapping.key(token) for token in sentence), end]
+    key = mapping.key
+    return [begin, *[key(token) for token in sentence], end]
 
 
 Window = tuple[Sequence[Hashable], int, int]  # a sentence's keys (`sentence_keys`), first position, positions
 
 
-def encode_windows(
-    windows: Sequence[Window],
+def token_inputs(
+    rows: Sequence[Sequence[Hashable]],
     mapping: Mapping,
     dim: int,
     cache: TokenCache | None = None,
-    shape: tuple[int, int] | None = None,
     bucketed: bool = False,
-) -> tuple[dict[str, np.ndarray], dict[Hashable, int]]:
-    """The graph's token inputs for a window of positions of each sentence, and what it will encode
-    (`char_key` -> row of `token_vectors`).
-
-    The backward direction reads positions first..first+n-1 of the sentence reversed. Each distinct key
-    appears once (tokens that differ only past the kept bytes share one): encoded from its chars
-    (`token_chars`), or taken from the cache (`cached_vectors`); at least one row is encoded. `shape`
-    (rows, steps) pads the index inputs to that shape (the window graph's bucket), and `bucketed` pads the
-    encoded and the cached tokens to a `bucket` size (rows of id 0 and zero vectors, never read)."""
-    forward = [keys[first : first + n] for keys, first, n in windows]
-    backward = [keys[len(keys) - first - n : len(keys) - first][::-1] for keys, first, n in windows]
+) -> tuple[dict[str, np.ndarray], dict[Hashable, int], dict[Hashable, int]]:
+    """The graph's token inputs for every key the rows read: each distinct key once (tokens that differ only past
+    the kept bytes share one), encoded from its chars (`token_chars`) or taken from the cache (`cached_vectors`);
+    at least one row is encoded. `bucketed` pads both to a `bucket` size (rows of id 0 and zero vectors, never
+    read). Returns the feeds, each key's index into [encoded; cached], and what is encoded (key -> row of
+    `token_vectors`)."""
     encode: dict[Hashable, int] = {}
     cached: dict[Hashable, int] = {}
     cached_vectors: list[np.ndarray] = []
-    for key in itertools.chain(*forward, *backward):
-        if key in encode or key in cached:
-            continue
-        vector = cache.get(key) if cache is not None else None
+    distinct = list(dict.fromkeys(itertools.chain.from_iterable(rows)))  # each distinct key once, in order
+    found = cache.get_many(distinct) if cache is not None else [None] * len(distinct)
+    for key, vector in zip(distinct, found, strict=True):
         if vector is None:
             encode[key] = len(encode)
         else:
@@ -59,20 +53,35 @@ def encode_windows(
         chars = np.concatenate([chars, np.zeros((bucket(len(chars)) - len(chars), mapping.width), np.int32)])
         cached_vectors += [np.zeros(dim, np.float32)] * (bucket(len(cached_vectors)) - len(cached_vectors))
     offset = len(chars)  # the indices count the encoded rows first, then the cached ones
-
-    rows, steps = shape or (len(windows), max(n for _, _, n in windows))
-    lengths = np.zeros(rows, np.int64)
-    lengths[: len(windows)] = [n for _, _, n in windows]
+    index_of = encode | {key: offset + row for key, row in cached.items()}
     feeds = {
         "token_chars": chars,
         "cached_vectors": np.stack(cached_vectors) if cached_vectors else np.zeros((0, dim), np.float32),
-        "lengths": lengths,
     }
-    for name, rows_keys in (("index_fwd", forward), ("index_bwd", backward)):
-        index = np.zeros((rows, steps), dtype=np.int64)  # padding points at row 0: never read
-        for row, keys in enumerate(rows_keys):
-            index[row, : len(keys)] = [encode[k] if k in encode else offset + cached[k] for k in keys]
-        feeds[name] = index
+    return feeds, index_of, encode
+
+
+def index_rows(rows: Sequence[Sequence[Hashable]], index_of: dict[Hashable, int], shape: tuple[int, int]) -> np.ndarray:
+    """Each row's keys as indices into the token vectors, (rows, steps); padding points at row 0: never read."""
+    index = np.zeros(shape, dtype=np.int64)
+    for row, keys in enumerate(rows):
+        index[row, : len(keys)] = [index_of[k] for k in keys]
+    return index
+
+
+def encode_windows(
+    windows: Sequence[Window], mapping: Mapping, dim: int, cache: TokenCache | None = None
+) -> tuple[dict[str, np.ndarray], dict[Hashable, int]]:
+    """The Loop graph's token inputs for a window of positions of each sentence (the backward direction reads
+    positions first..first+n-1 of the sentence reversed), and what it will encode (key -> row of
+    `token_vectors`)."""
+    forward = [keys[first : first + n] for keys, first, n in windows]
+    backward = [keys[len(keys) - first - n : len(keys) - first][::-1] for keys, first, n in windows]
+    feeds, index_of, encode = token_inputs(forward + backward, mapping, dim, cache)
+    shape = (len(windows), max(n for _, _, n in windows))
+    feeds["lengths"] = np.array([n for _, _, n in windows], np.int64)
+    feeds["index_fwd"] = index_rows(forward, index_of, shape)
+    feeds["index_bwd"] = index_rows(backward, index_of, shape)
     return feeds, encode
 
 

@@ -32,6 +32,15 @@ class TokenCache:
                 self._vectors.move_to_end(key)
             return vector
 
+    def get_many(self, keys) -> list[np.ndarray | None]:
+        """`get` of each key, under one acquisition of the lock."""
+        with self._lock:
+            found = [self._vectors.get(key) for key in keys]
+            for key, vector in zip(keys, found, strict=True):
+                if vector is not None:
+                    self._vectors.move_to_end(key)
+        return found
+
     def put(self, key: Hashable, vector: np.ndarray) -> None:
         if self.size <= 0:
             return

@@ -308,7 +308,8 @@ def test_compose_health_models_volume_and_every_setting(compose, service):
     assert any("/health/ready" in part for part in spec["healthcheck"]["test"])
     host, container, *_ = default(spec["volumes"][0]).split(":")
     assert container == "/models" and (ROOT / host).is_dir()  # an existing folder: compose creates none as root
-    assert sorted(spec["environment"]) == sorted(SETTINGS)
+    assert sorted(name for name in spec["environment"] if not name.startswith("OTEL_")) == sorted(SETTINGS)
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in spec["environment"]  # tracing, off until set
 
 
 # ---- Kubernetes
@@ -375,6 +376,71 @@ def test_kubernetes_service_and_autoscaler_point_at_the_deployment(kube):
     assert kube["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
+def test_kubernetes_pod_meets_the_restricted_pod_security_standard(kube):
+    pod = kube["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"]
+    assert context["readOnlyRootFilesystem"] is True and "add" not in context["capabilities"]
+    assert pod["automountServiceAccountToken"] is False  # the service never calls the Kubernetes API
+    assert not any(key.startswith("host") for key in pod)  # hostNetwork, hostPID, hostIPC, hostPath...
+    assert all("emptyDir" in volume for volume in pod["volumes"])
+
+
+MARGIN_S = 10  # what the drain may overrun by (the last answers' writes, the batcher's stop) before a SIGKILL
+
+
+def seconds(value) -> float:
+    found = re.fullmatch(r"(\d+)(s?)", str(value))
+    assert found, f"{value!r}: give seconds (45 or 45s)"
+    return float(found[1])
+
+
+def test_grace_periods_cover_the_pre_stop_pause_and_the_drain_with_a_margin(kube, compose):
+    pod = kube["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    drain = float(env.get("ELMO_DRAIN_S") or Settings.model_fields["drain_s"].default)
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    pause = float(command[1])
+    # Kubernetes counts the grace period from the start of preStop: SIGTERM comes after it, SIGKILL at the end.
+    assert pod["terminationGracePeriodSeconds"] >= pause + drain + MARGIN_S, (pause, drain)
+    # compose sends SIGTERM at once and SIGKILL after stop_grace_period; the drain is the default unless set
+    for name in ("elmo", "elmo-gpu"):
+        assert seconds(compose["services"][name]["stop_grace_period"]) >= Settings().drain_s + MARGIN_S
+
+
+def test_prometheus_scrapes_the_metrics_port_which_needs_no_key(kube):
+    template = kube["Deployment"]["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
+    port = int(env["ELMO_METRICS_PORT"])
+    assert int(annotations["prometheus.io/port"]) == port == container_port(container, "metrics")
+    assert int(env["ELMO_METRICS_PORT"]) != int(env["ELMO_PORT"])
+    # the Service exposes the API alone: the metrics port is scraped pod by pod
+    assert [port["targetPort"] for port in kube["Service"]["spec"]["ports"]] == ["http"]
+
+
+def test_image_tags_are_the_version_and_runtime_set_through_kustomize(kube, compose):
+    from service import __version__
+
+    (container,) = kube["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "elmo-service"  # kustomize's `images` gives the tag
+    for overlay, runtime in (("gpu", "gpu"), ("cpu", "cpu")):
+        (image,) = manifests(KUBERNETES / overlay)["Kustomization"]["images"]
+        assert image == {"name": "elmo-service", "newTag": f"{__version__}-{runtime}"}, overlay
+    assert compose["services"]["elmo"]["image"] == f"elmo-service:{__version__}-cpu"
+    assert compose["services"]["elmo-gpu"]["image"] == f"elmo-service:{__version__}-gpu"
+    run = subprocess.run(["make", "-n", "-C", str(ROOT), "image", "RUNTIME=gpu"], capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    assert f"-t elmo-service:{__version__}-gpu ." in run.stdout
+
+
 # ---- the docs
 
 
@@ -385,14 +451,18 @@ def test_the_docs_document_every_setting():
 
 
 @pytest.mark.parametrize(
-    ("env", "flag"),
-    [({}, True), ({"ELMO_MODELS": "a=/m/a,b=/m/b"}, False), ({"ELMO_MODEL_DIR": "/m/a"}, False)],
+    "env",
+    [{}, {"ELMO_MODELS": "a=/m/a,b=/m/b"}, {"ELMO_MODEL_DIR": "/m/a"}],
     ids=["default-model", "ELMO_MODELS", "ELMO_MODEL_DIR"],
 )
-def test_make_serve_leaves_the_models_to_elmo_variables_that_name_them(env, flag):
-    # `make serve` passed --model always, so ELMO_MODELS made elmo-serve exit 1 ("both ELMO_MODELS and ...").
+def test_make_serve_needs_no_torch_and_leaves_the_models_to_elmo_variables(env):
+    # `make serve` passed --model always, so ELMO_MODELS made elmo-serve exit 1 ("both ELMO_MODELS and ..."). It
+    # now serves the export the package ships (no --model at all) and installs no export tools: no torch.
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
-    run = subprocess.run(["make", "-n", "-C", str(ROOT), "serve"], capture_output=True, text=True,
-                         env={**clean, **env}, check=True)  # fmt: skip
-    (serve,) = [line for line in run.stdout.splitlines() if "elmo-serve" in line]
-    assert ("--model build/models/default" in serve) is flag, serve
+    run = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), "serve", "VENV=/nonexistent/venv"], capture_output=True,
+                         text=True, env={**clean, **env}, check=True)  # fmt: skip
+    lines = run.stdout.splitlines()
+    (serve,) = [line for line in lines if "elmo-serve" in line]
+    assert "--model" not in serve and "elmo-export" not in run.stdout, serve
+    (install,) = [line for line in lines if "scripts/install.sh" in line]
+    assert "--export" not in install and "torch" not in run.stdout, install

@@ -35,6 +35,7 @@ import h5py
 import httpx
 import numpy as np
 import pytest
+import yaml
 
 from tests.live_server import free_port
 
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.image
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "build" / "image-test"  # logs, the engine's settings, the local torch index
 PROJECT = "elmo-image-test"  # the compose project: its containers and network are named after it
-IMAGE = "elmo-service:cpu"  # what docker-compose.yml's `elmo` service runs
+IMAGE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["elmo"]["image"]  # its `elmo` service's
 LOCAL_BASE = "elmo-python:bookworm"  # docker/base-image.sh's
 READY_S = 240  # the health check's start period is 60 s; the model loads in seconds
 SENTENCES = [["The", "bank", "of", "the", "river", "."], ["She", "went", "to", "the", "bank", "."], ["Hello"]]

@@ -1,7 +1,7 @@
 """The examples of the README and of the docs run as pasted: every shell and Python block of the README's quick
 start and of the pages that hold the service's examples (docs/api.md, with several models; docs/client.md, the
 Python client, allennlp, OpenAI's clients and LangChain; docs/cli.md), against a real elmo-serve of the embedded
-default model, in a folder laid out as a checkout after `make serve` (.venv/, build/models/default/). A block's id
+default model, in a folder laid out as a checkout after `make serve` (.venv/, service/embedded/default/). A block's id
 names its file and line (docs/api.md:line-42). Where a page shows what a block prints (the JSON block after it),
 the output is compared with it: the same structure and keys, strings and integers equal, and each number shown to
 k decimals within half a unit of its last digit; "[...]" stands for any value, "..." at the end of an object for
@@ -172,11 +172,13 @@ def numbers_as_shown(shown: str) -> dict[float, str]:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory, default_model_dir, manylangs_model_dir) -> Path:
     """A folder laid out as a checkout after `make serve`: .venv/ (this interpreter's) and the default model's
-    export in build/models/default; where the blocks run."""
+    export in service/embedded/default (a fresh one: tests/models/test_embedded_export.py holds the shipped one to
+    it); where the blocks run."""
     folder = tmp_path_factory.mktemp("readme")
     (folder / ".venv").symlink_to(Path(sys.prefix))
     (folder / "build" / "models").mkdir(parents=True)
-    (folder / "build" / "models" / "default").symlink_to(default_model_dir)
+    (folder / "service" / "embedded").mkdir(parents=True)
+    (folder / "service" / "embedded" / "default").symlink_to(default_model_dir)
     return folder
 
 

@@ -206,11 +206,12 @@ def test_an_unknown_model_is_404_naming_those_served(client, method, path, body,
     response = client.request(method, path, json=body, params=query)
     assert response.status_code == 404, response.text
     message = f"model: unknown model 'nope'; {SERVED}"
+    request_id = response.headers["x-request-id"]
     if path.startswith("/v1/"):  # OpenAI's shape, and its code
         error = {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
-        assert response.json() == {"error": error}
+        assert response.json() == {"error": error, "request_id": request_id}
     else:
-        assert response.json() == {"detail": message}
+        assert response.json() == {"detail": message, "request_id": request_id}
 
 
 def test_names_are_exact_and_a_long_one_is_not_echoed_whole(client):

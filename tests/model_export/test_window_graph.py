@@ -12,11 +12,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from service.batching.in_flight import InFlight
+from service.batching.in_flight import in_flight
 from service.engine.canary import cosine_min
 from service.engine.feeds import bucket
 from service.engine.providers import nodes_off, placed_session
-from service.engine.session import Engine
+from service.engine.session import CAPTURED_ROWS, Engine
 from tests.conftest import max_error
 from tests.service.batching.test_in_flight import staggered
 
@@ -67,28 +67,33 @@ def test_a_sentence_alone_is_the_same_bits_as_in_any_batch(window_engine, senten
 
 def test_rows_joining_between_windows_get_the_bits_of_a_whole_run(window_engine, sentences):
     want = window_engine.run(sentences)
-    got, windows = staggered(InFlight(window_engine, 8), sentences, seed=1)
+    got, windows = staggered(in_flight(window_engine, 8), sentences, seed=1)
     assert windows >= 2  # the longest sentence took two windows of 32 at least
     for i, w in enumerate(want):
         np.testing.assert_array_equal(got[i], w)
 
 
 def test_the_stepper_advances_by_the_graphs_window(window_engine):
-    assert InFlight(window_engine, 8).window == WINDOW  # the graph computes 32 positions whatever is asked
-    in_flight = InFlight(window_engine, 8)
-    in_flight.admit([["a"] * 40], [0])
-    assert in_flight.step(window=3) == [] and in_flight.rows[0].position == WINDOW
+    assert in_flight(window_engine, 8).window == WINDOW  # the graph computes 32 positions whatever is asked
+    rows = in_flight(window_engine, 8)
+    rows.admit([["a"] * 40], [0])
+    assert rows.step(window=3) == [] and rows.rows[0].position == WINDOW
 
 
-def test_rows_are_bounded_by_the_slots(tiny_model_dir):
+def test_rows_are_bounded_by_max_rows_and_those_waiting_by_what_a_call_can_start(tiny_model_dir):
     small = Engine(tiny_model_dir, provider="cpu", graph="window", max_rows=4)
-    in_flight = InFlight(small, 8)
-    in_flight.admit([["a"]] * 4, range(4))
-    assert in_flight.room == 0
+    rows = in_flight(small, 8)
+    room = rows.room
+    assert room == 4 * WINDOW // 3  # a sentence is at least 3 positions: a call starts no more than this
+    rows.admit([["a"]] * room, range(room))
+    assert rows.room == 0
     with pytest.raises(ValueError, match="room for 0"):
-        in_flight.admit([["b"]], [4])
-    assert len(in_flight.step()) == 4 and in_flight.room == 4  # finished rows give their slots back
-    many = [["w"] * (i % 7 + 1) for i in range(11)]  # run() goes max_rows sentences at a time
+        rows.admit([["b"]], [room])
+    planned, _ = rows.packed.plan()
+    assert len(planned) == 4  # rows: at most max_rows
+    finished = len(rows.step())  # 3 positions each: 10 in each row of 32, the 11th starts and continues
+    assert finished == 4 * 10 - 1 and finished + len(rows.step()) == room and rows.room == room
+    many = [["w"] * (i % 7 + 1) for i in range(11)]
     assert max_error(small.run(many), Engine(tiny_model_dir, provider="cpu").run(many)) <= 1e-6
 
 
@@ -99,19 +104,21 @@ def test_fixed_buffers_per_bucket_give_the_same_numbers(tiny_model_dir, window_e
     for _ in range(2):
         assert max_error(fixed.run(sentences), window_engine.run(sentences)) == 0.0
     assert max_error(fixed.run(sentences[:3]), window_engine.run(sentences[:3])) == 0.0
-    got, _ = staggered(InFlight(fixed, 8), sentences, seed=2)
+    got, _ = staggered(in_flight(fixed, 8), sentences, seed=2)
     np.testing.assert_array_equal(got[7], window_engine.run([sentences[7]])[0])
-    assert 0 < len(fixed._bound) <= 16  # a few buckets, reused, not one binding per call
+    assert 0 < len(fixed._window.bound) <= 16  # a few shapes, reused, not one binding per call
 
 
 def test_only_small_buckets_get_fixed_buffers(tiny_model_dir, window_engine, sentences):
     # Each captured bucket keeps its own device buffers: buckets over CAPTURED_ROWS rows run uncaptured.
     fixed = Engine(tiny_model_dir, provider="cpu", graph="window", cuda_graphs=True)
-    many = sentences * 3  # 90 rows: a bucket of 128
+    many = sentences * 8  # 240 sentences: 180 rows, then fewer as they finish: over CAPTURED_ROWS
     assert max_error(fixed.run(many), window_engine.run(many)) == 0.0
-    assert fixed._bound == {}
+    assert all(key[2][1] <= CAPTURED_ROWS for key in fixed._window.bound)
+    calls = len(fixed._window.bound)
     fixed.run(sentences[:2])
-    assert {key[3] for key in fixed._bound} == {(2, 32)}  # (store, token_chars, cached, index_fwd (rows, window), ...)
+    # (token_chars, cached, index (2, rows, window), ...): two rows, fed as eight
+    assert {key[2] for key in list(fixed._window.bound)[calls:]} <= {(2, 8, 32)}
 
 
 def test_fp16_stays_close_to_fp32(tiny_model_dir, window_engine, sentences):
@@ -129,8 +136,8 @@ def test_the_window_graph_has_nothing_a_cuda_graph_cannot_hold(tiny_model_dir):
         ops = {node.op_type for node in model.graph.node}
         # no control flow (run from the host), no op whose output shape depends on values (read on the host)
         assert not ops & {"Loop", "If", "Scan", "NonZero", "Shape", "TopK", "Range", "Expand", "ConstantOfShape"}
-        index = next(i for i in model.graph.input if i.name == "index_fwd")
-        assert [d.dim_value or d.dim_param for d in index.type.tensor_type.shape.dim] == ["batch", WINDOW]
+        index = next(i for i in model.graph.input if i.name == "index")
+        assert [d.dim_value or d.dim_param for d in index.type.tensor_type.shape.dim] == [2, "rows", WINDOW]
 
 
 def test_buckets_are_powers_of_two_within_bounds():

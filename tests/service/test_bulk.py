@@ -68,6 +68,7 @@ class SlowEngine:
 
     def __init__(self, engine, wait_for=None, fail_at=None, error=None):
         self.engine, self.wait_for, self.fail_at, self.error, self.calls = engine, wait_for, fail_at, error, 0
+        self.window = engine.window  # the Loop graph's: batches, run whole
         self.busy = threading.Event()
 
     def run(self, batch):
@@ -235,3 +236,25 @@ def test_fp16_on_the_command_line_is_close_to_fp32(tiny_model_dir, sentences, ex
     got, _ = read_embeddings(tmp_path / "out.hdf5")
     error = max(float(np.abs(got[i] - want).max()) for i, want in enumerate(expected))
     assert 0 < error <= 1e-2  # not the fp32 graph's numbers, and near them
+
+
+def test_on_the_window_graph_lines_stream_through_packed_rows_across_chunks(
+    tiny_model_dir, engine, sentences, tmp_path, monkeypatch
+):
+    """elmo-embed on the window graph (a GPU's) runs the lines as the service does: rows packed and refilled
+    across chunks, the writer putting each sentence together. The same numbers as the Loop graph's file, every
+    line once, repeated sentences indexed by their last line."""
+    from service.engine.session import Engine
+
+    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # many chunks: sentences of several in flight at once
+    lines = sentences * 7
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(s) + "\n" for s in lines))
+    window = Engine(tiny_model_dir, provider="cpu", graph="window", max_rows=16)
+    stats = embed_file(window, source, tmp_path / "window.hdf5", batch_tokens=200, progress=False)
+    embed_file(engine, source, tmp_path / "loop.hdf5", batch_tokens=200, progress=False)
+    got, got_index = read_embeddings(tmp_path / "window.hdf5")
+    want, want_index = read_embeddings(tmp_path / "loop.hdf5")
+    assert stats["sentences"] == len(lines) and sorted(got) == list(range(len(lines)))
+    assert got_index == want_index and got_index[" ".join(sentences[0])] == str(len(lines) - len(sentences))
+    assert max(float(np.abs(got[k] - want[k]).max()) for k in want) <= 1e-6

@@ -8,7 +8,7 @@ import hashlib
 import json
 
 from training.corpus import build_sources, looks_like_prose, source_heldout
-from training.sources import (
+from training.texts import (
     Source,
     Unit,
 )

@@ -1,4 +1,4 @@
-"""The HTTP server's bounds per address below the app (service/api/connections.py, service/api/logs.py), without a
+"""The HTTP server's bounds per address below the app (service/api/connections.py, service/api/log_bounds.py), without a
 server: the open-files limit raised and the caps below it, the caps per address and in all, the turns in which
 requests start, and what a client can make the server log. tests/e2e/test_connections.py checks them on a real
 one."""
@@ -12,7 +12,7 @@ import resource
 import pytest
 
 from service.api.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
-from service.api.logs import AddressLog
+from service.api.log_bounds import AddressLog
 
 
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from service.batching.batcher import Batcher, BatchStats, LargerThanQueue, QueueFull
-from service.batching.in_flight import InFlight
+from service.batching.in_flight import in_flight
 
 T = TypeVar("T")
 TIMEOUT_S = 20.0  # a test that would hang fails after this instead
@@ -26,13 +26,13 @@ class EngineFailure(RuntimeError):
     pass
 
 
-class RecordingStepper(InFlight):
-    """A real in_flight that records the sentences of each window (and each admission); `hold()` makes the next
-    window wait until `release()`; a window with `poison` in flight, or with more than `max_rows` rows,
-    raises (the latter like a GPU out of memory, which cannot happen on this CPU-only machine)."""
+class RecordingStepper:
+    """A real in-flight set (the engine's kind) that records the sentences of each window (and each admission);
+    `hold()` makes the next window wait until `release()`; a window with `poison` in flight, or with more than
+    `max_rows` rows, raises (the latter like a GPU out of memory, which cannot happen on this CPU-only machine)."""
 
     def __init__(self, engine, window: int = 4, poison: str | None = None, max_rows: int | None = None):
-        super().__init__(engine, window)
+        self.inner = in_flight(engine, window)
         self.poison, self.max_rows = poison, max_rows
         self.windows: list[list[list[str]]] = []
         self.lengths: list[int | None] = []  # the window length each call was given
@@ -50,9 +50,12 @@ class RecordingStepper(InFlight):
     def release(self) -> None:
         self._gate.set()
 
+    def __getattr__(self, name):  # rows, room, drop, clear, engine, window, last_call: the real set's
+        return getattr(self.inner, name)
+
     def admit(self, sentences, tags) -> None:
         self.admitted += [list(s) for s in sentences]
-        super().admit(sentences, tags)
+        self.inner.admit(sentences, tags)
 
     def step(self, window=None):
         sentences = [row.tag[0].sentences[row.tag[1]] for row in self.rows]
@@ -67,7 +70,7 @@ class RecordingStepper(InFlight):
             raise EngineFailure("boom")
         if self.max_rows is not None and len(sentences) > self.max_rows:
             raise MemoryError("Failed to allocate memory for requested buffer")
-        return super().step(window)
+        return self.inner.step(window)
 
 
 class RecordingRun:
@@ -150,7 +153,7 @@ def sentence_tokens(sentences) -> int:
 
 def assert_own_rows(engine, sentences, got) -> None:
     assert len(got) == len(sentences)
-    for s, g in zip(sentences, got, strict=True):
+    for s, g in zip(sentences, (layers.result() for layers in got), strict=True):
         (want,) = engine.run([s])
         assert g.shape == want.shape == (engine.num_layers, len(s), engine.dim)
         # Alone, whole or window by window in any company: the same bits on CPU (1e-6 leaves room for a GPU).
@@ -237,7 +240,8 @@ def test_on_the_window_graph_every_call_is_its_window_and_the_stats_count_what_r
 
     in_flight, (got_long, got_short) = run(main)
     assert in_flight.lengths == [32, 32, 32]  # not the lone sentence's 72, nor an early end at the short one's 5
-    assert [(s.sentences, s.real_tokens, s.padded_tokens) for s in stats] == [(2, 37, 64), (1, 32, 32), (1, 8, 32)]
+    # each call computes its rows (a multiple of 8) times the window, whatever is real
+    assert [(s.sentences, s.real_tokens, s.padded_tokens) for s in stats] == [(2, 37, 256), (1, 32, 256), (1, 8, 256)]
     assert_own_rows(engine, [long], got_long)  # the Loop graph's numbers, within 1e-6
     assert_own_rows(engine, [short], got_short)
 

@@ -1,9 +1,9 @@
-"""The sources' markup read into paragraphs and sentences (training.sources). Inline samples stand in for the
+"""The sources' markup read into paragraphs and sentences (training.texts). Inline samples stand in for the
 Debian packages, which a fresh clone need not have."""
 
 from __future__ import annotations
 
-from training.sources import (
+from training.texts import (
     html_paragraphs,
     parse_gcide_entry,
     plain_paragraphs,

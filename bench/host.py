@@ -1,0 +1,234 @@
+"""What the host does around the GPU, measured on the CPU with a null session (ONNX Runtime's place taken by a
+stand-in that returns arrays of the right shapes at once, so everything else is timed):
+
+    python -m bench.host [--rows 256,1024] [--calls 40] [--bulk-sentences 6000] [--out build/bench/host]
+
+1. the engine's own work per window-graph call (packing the rows, the token inputs, binding, placing the layers
+   into each sentence), at the full-size shape (output dim 1024, 3 layers), the fixture sentences streamed through
+   the packer at each number of rows, as the service and elmo-embed run it; against the GPU time of a call of that
+   many rows at the yardstick's speed on an H200 (bench/gpu.py measures that speed: 143,545 tokens/s at 256 rows,
+   154,691 at 1024, the same math as one CUDA graph, docs/gpu.md), whose 10% is the goal;
+2. elmo-embed's pipeline with a null engine: reading, planning, packing, placing and writing hdf5, on the fixture
+   sentences repeated, into a folder on tmpfs where there is one (`--out-dir`): its tokens/s is the ceiling any
+   engine can reach through it (goal: >= 300,000).
+
+Prints a table with the CPU's model and flags, and writes OUT/host.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from bench.common import BUILD, FULL_OPTIONS, ROOT, fixture_sentences
+from bench.gpu import cpu_flags, host_cpu
+from service.engine.packing import PackedRows
+from service.engine.session import Engine, _WindowCalls
+from service.engine.token_cache import TokenCache
+from service.manifest import Graph, ModelInfo
+from service.text.token_ids import BilmTfMapping
+
+WINDOW = 32
+# The same math on an H200 as one CUDA graph (docs/gpu.md, bench/gpu.py's yardstick): tokens/s at these rows.
+YARDSTICK_TOKENS_PER_S = {256: 143_545, 1024: 154_691}
+HOST_SHARE_GOAL = 0.10
+BULK_GOAL = 300_000
+
+
+class _Value:
+    """What an OrtValue gives back: its array."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def numpy(self) -> np.ndarray:
+        return self.array
+
+
+class _Binding:
+    def __init__(self, session: NullSession):
+        self.session, self.inputs, self.outputs = session, {}, []
+
+    def bind_cpu_input(self, name: str, array: np.ndarray) -> None:
+        self.inputs[name] = array
+
+    def bind_ortvalue_input(self, name: str, value) -> None:
+        self.inputs[name] = value
+
+    def bind_output(self, name: str, device: str = "cpu", device_id: int = 0) -> None:
+        self.outputs.append(name)
+
+    def bind_ortvalue_output(self, name: str, value) -> None:
+        self.outputs.append(name)
+
+    def get_outputs(self) -> list[_Value]:
+        return self.values
+
+
+class NullSession:
+    """ONNX Runtime's session replaced: outputs of the right shapes (zeros, made once per shape), no compute."""
+
+    def __init__(self, info: ModelInfo, cell_dim: int):
+        self.info, self.cell_dim = info, cell_dim
+        self._zeros: dict[tuple, np.ndarray] = {}
+
+    def io_binding(self) -> _Binding:
+        return _Binding(self)
+
+    def get_providers(self) -> list[str]:
+        return ["NullSession"]
+
+    def run_with_iobinding(self, binding: _Binding, options=None) -> None:
+        rows, positions = len(binding.inputs["source"]), len(binding.inputs["positions"])
+        tokens, proj = len(binding.inputs["token_chars"]), self.info.token_dim
+        shapes = {"layers": (self.info.num_layers, 2, positions, proj), "token_vectors": (tokens, proj)}
+        binding.values = []
+        for name in binding.outputs:
+            kind = name.removesuffix("_next")
+            shape = shapes.get(name) or (2, rows, proj if kind.startswith("h") else self.cell_dim)
+            if shape not in self._zeros:
+                self._zeros[shape] = np.zeros(shape, np.float32)
+            binding.values.append(_Value(self._zeros[shape]))
+
+
+def null_engine(options: Path = FULL_OPTIONS, max_rows: int = 1024, token_cache: int = 50_000) -> Engine:
+    """A window-graph Engine of `options`' shape whose session is a NullSession."""
+    from model_export.options import load_options  # the architecture's sizes, as the export writes them
+
+    opt = load_options(options)
+    manifest = {"num_layers": opt.num_output_layers, "output_dim": opt.output_dim, "architecture": opt.to_dict(),
+                "graph_version": 8}  # fmt: skip
+    graph = Graph(Path("null.onnx"), "window", "fp32", WINDOW, {"file": "null.onnx"})
+    info = ModelInfo(manifest, opt.num_output_layers, opt.output_dim, opt.max_chars, opt.proj_dim, (graph,),
+                     BilmTfMapping(opt.max_chars))  # fmt: skip
+    engine = Engine.__new__(Engine)
+    engine.info, engine.token_cache, engine.max_rows = info, TokenCache(token_cache), max_rows
+    engine.graph, engine.session = graph, NullSession(info, opt.cell_dim)
+    engine.provider, engine.window, engine.device, engine._device_id = "NullSession", WINDOW, "cpu", 0
+    engine.state_sizes = {f"{kind}{k}": size for k in range(opt.n_layers)
+                          for kind, size in (("h", opt.proj_dim), ("c", opt.cell_dim))}  # fmt: skip
+    engine._outputs = []
+    engine._window = _WindowCalls(engine, cuda_graphs=False)
+    return engine
+
+
+def stream(packed: PackedRows, sentences: list[list[str]], calls: int) -> tuple[list[float], int, int]:
+    """Stream the sentences (repeated) through `packed` as the service does (more waiting than a call starts):
+    each call's host seconds, and the positions and tokens computed."""
+    seconds, fed, tokens = [], 0, 0
+    while len(seconds) < calls:
+        while len(packed.waiting) < 3 * packed.max_rows:
+            packed.admit([sentences[fed % len(sentences)]], [fed])
+            fed += 1
+        start = time.perf_counter()
+        finished = packed.step()
+        seconds.append(time.perf_counter() - start)
+        tokens += sum(s.length - 2 for s in finished)
+    return seconds, packed.computed, tokens
+
+
+def engine_host(rows: int, calls: int, sentences: list[list[str]]) -> dict:
+    engine = null_engine(max_rows=rows)
+    packed = PackedRows(engine)
+    stream(packed, sentences, 3)  # the token cache warms, the zeros are made
+    warm_positions, warm_computed = packed.positions, packed.computed
+    seconds, _, _ = stream(packed, sentences, calls)
+    ms = 1e3 * float(np.median(seconds))
+    positions = (packed.computed - warm_computed) / calls  # computed per call, padding included
+    real = (packed.positions - warm_positions) / calls
+    gpu_ms = 1e3 * (real * 25 / 27) / YARDSTICK_TOKENS_PER_S[rows] if rows in YARDSTICK_TOKENS_PER_S else None
+    profile = cProfile.Profile()
+    profile.runcall(stream, packed, sentences, 5)
+    top = pstats.Stats(profile).sort_stats("tottime").stats
+    heaviest = sorted(((v[2], f"{Path(k[0]).name}:{k[2]}") for k, v in top.items()), reverse=True)[:6]
+    return {
+        "rows": rows,
+        "host_ms_per_call": ms,
+        "host_ms_p90": 1e3 * float(np.percentile(seconds, 90)),
+        "positions_per_call": positions,
+        "real_positions_per_call": real,
+        "padding_efficiency": packed.efficiency,
+        "yardstick_gpu_ms_per_call": gpu_ms,
+        "host_share_of_gpu": ms / gpu_ms if gpu_ms else None,
+        "heaviest": [{"function": name, "seconds_in_5_calls": round(s, 4)} for s, name in heaviest],
+    }
+
+
+def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, options: Path) -> dict:
+    """elmo-embed's embed_file with a null engine of `options`' shape."""
+    from service.bulk import embed_file
+
+    folder = Path(tempfile.mkdtemp(dir=out_dir or _tmpfs()))
+    text = folder / "in.txt"
+    text.write_text("".join(" ".join(sentences[i % len(sentences)]) + "\n" for i in range(count)))
+    engine = null_engine(options)
+    start = time.perf_counter()
+    stats = embed_file(engine, text, folder / "out.hdf5", batch_tokens=65536, progress=False)
+    seconds = time.perf_counter() - start
+    size = (folder / "out.hdf5").stat().st_size
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()
+    return {"shape": options.parent.name if options.name == "options.json" else options.stem,
+            "output_dim": engine.dim, "sentences": stats["sentences"], "tokens": stats["tokens"], "seconds": seconds,
+            "tokens_per_s": stats["tokens"] / seconds, "output_bytes": size, "bytes_per_s": size / seconds,
+            "folder": str(folder.parent)}  # fmt: skip
+
+
+def _tmpfs() -> Path | None:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default="256,1024")
+    parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--bulk-sentences", type=int, default=6000)
+    parser.add_argument("--out-dir", type=Path, help="where elmo-embed writes (default: /dev/shm, else /tmp)")
+    parser.add_argument("--out", type=Path, default=BUILD / "host")
+    args = parser.parse_args(argv)
+    sentences = fixture_sentences()
+    report = {"cpu": host_cpu(), "flags": cpu_flags(), "onnxruntime": ort.__version__, "engine": [], "bulk": None}
+    for rows in (int(r) for r in args.rows.split(",")):
+        report["engine"].append(engine_host(rows, args.calls, sentences))
+    # the embedded default model's shape (output dim 256), and the full size (1024: 12 KB of output per token, which
+    # a machine's memory or disk may not take at this rate: the bytes written per second are printed beside it)
+    report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, options)
+                      for options in (ROOT / "models" / "default" / "options.json", FULL_OPTIONS)]  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "host.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"host work around the GPU, null session; {report['cpu']}; {report['flags']}; full-size shape")
+    print("| rows | host ms per call (p90) | positions per call | padding efficiency | GPU ms at the yardstick "
+          "| share | goal |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for e in report["engine"]:
+        gpu = f"{e['yardstick_gpu_ms_per_call']:.1f}" if e["yardstick_gpu_ms_per_call"] else "n/a"
+        share = f"{e['host_share_of_gpu']:.3f}" if e["host_share_of_gpu"] else "n/a"
+        print(
+            f"| {e['rows']} | {e['host_ms_per_call']:.2f} ({e['host_ms_p90']:.2f}) | {e['positions_per_call']:.0f} | "
+            f"{e['padding_efficiency']:.4f} | {gpu} | {share} | < {HOST_SHARE_GOAL} |"
+        )
+    for e in report["engine"]:
+        print(
+            f"  {e['rows']} rows, heaviest: "
+            + ", ".join(f"{h['function']} {h['seconds_in_5_calls']}s" for h in e["heaviest"])
+        )
+    for b in report["bulk"]:
+        print(
+            f"elmo-embed with a null engine, {b['shape']} (output dim {b['output_dim']}): {b['tokens_per_s']:,.0f} "
+            f"tokens/s ({b['sentences']} sentences, {b['tokens']} tokens, {b['seconds']:.2f} s; "
+            f"{b['bytes_per_s'] / 1e9:.2f} GB/s of hdf5 into {b['folder']}); goal >= {BULK_GOAL:,}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Packed rows: how the window graph computes tokens, not padding.
+
+The window graph runs a fixed window of W positions of every row per call. If a row held one sentence, every row
+would run to the end of the window after its sentence ended, and a call would run until the longest row of its
+batch ended: on a GPU about a third of the positions computed were padding. Here a row is a stream of sentences,
+one after the other: where a sentence ends inside the window, the next waiting one starts at the next position
+(the graph resets the state there: `resets`), so every row is full while sentences wait, and only the stream's
+end is padding. A sentence that does not end inside the window continues in the same row at the next call, from
+the state the call left in that row (`source`); rows with nothing left are dropped from the next call.
+
+A sentence's numbers do not depend on where it runs: each position's products are per row, and each sentence
+starts from the model's initial state wherever it starts (tests/service/engine/test_packing.py: the same bits on
+the CPU, alone, packed, or in any row).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Sequence
+
+import numpy as np
+
+from service.engine.feeds import sentence_keys
+
+Segment = tuple["Sentence", int, int]  # a sentence, its first position in this call, positions in this call
+
+
+class Sentence:
+    """One sentence in flight: its keys (boundaries included), and what each call computed of it, kept as views of
+    that call's output (no copy on the engine's thread); `result` puts them together where they are consumed."""
+
+    __slots__ = ("done", "keys", "pieces", "tag")
+
+    def __init__(self, tag: object, keys: list[Hashable]):
+        self.tag, self.keys = tag, keys  # the caller's tag, to route the result
+        self.pieces: list[tuple[int, int, np.ndarray, int]] = []  # first position, positions, a call's layers, at
+        self.done = 0  # positions computed
+
+    @property
+    def length(self) -> int:
+        return len(self.keys)
+
+    @property
+    def position(self) -> int:
+        """Positions done (as a row of the Loop graph's in-flight set says it)."""
+        return self.done
+
+    @property
+    def finished(self) -> bool:
+        return self.done == len(self.keys)
+
+    def result(self) -> np.ndarray:
+        """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it: the forward half at the
+        positions read, the backward half at the positions the sentence reversed read."""
+        first_layers = self.pieces[0][2]
+        half, length = first_layers.shape[-1], len(self.keys)
+        out = np.empty((first_layers.shape[0], length - 2, 2 * half), np.float32)  # position p at p - 1
+        for first, n, layers, q in self.pieces:  # layers: (L+1, 2, N, P) of the call
+            # forward: positions first .. first+n-1; backward: the sentence reversed read them, so it computed
+            # positions end-n .. end-1 (end = length - first), last first
+            lo, hi = max(first, 1), min(first + n, length - 1)
+            if lo < hi:
+                out[:, lo - 1 : hi - 1, :half] = layers[:, 0, q + lo - first : q + hi - first]
+            end = length - first
+            lo, hi = max(end - n, 1), min(end, length - 1)
+            if lo < hi:
+                out[:, lo - 1 : hi - 1, half:] = layers[:, 1, q : q + n][:, ::-1][:, lo - end + n : hi - end + n]
+        return out
+
+
+class PackedRows:
+    """The sentences in flight on a window engine: those each row is in the middle of, and those waiting to start.
+    `step` runs one call (engine.call_packed) and returns the sentences it finished. Not thread-safe: one thread
+    drives it."""
+
+    def __init__(self, engine, max_rows: int | None = None):
+        self.engine, self.window = engine, engine.window
+        self.max_rows = max_rows or engine.max_rows
+        self.rows: list[Sentence | None] = []  # per row of the last call: the sentence that continues in it
+        self.waiting: deque[Sentence] = deque()
+        self.positions = 0  # sentences' own positions computed, over every call
+        self.computed = 0  # positions computed, padding included
+        self.segments = 0  # sentences (or parts of them) the last call computed
+
+    def admit(self, sentences: Iterable[Sequence[str]], tags: Iterable[object]) -> None:
+        mapping = self.engine.mapping
+        for sentence, tag in zip(sentences, tags, strict=True):
+            self.waiting.append(Sentence(tag, sentence_keys(sentence, mapping)))
+
+    @property
+    def busy(self) -> bool:
+        """Whether any sentence is in flight."""
+        return bool(self.rows or self.waiting)
+
+    @property
+    def in_flight(self) -> list[Sentence]:
+        """Every sentence not finished: those in a row, then those waiting."""
+        return [s for s in self.rows if s is not None] + list(self.waiting)
+
+    @property
+    def pending_positions(self) -> int:
+        """Positions left to compute of every sentence in flight."""
+        return sum(s.length - s.done for s in self.in_flight)
+
+    @property
+    def efficiency(self) -> float:
+        """Padding efficiency so far: the sentences' positions over the positions computed."""
+        return self.positions / self.computed if self.computed else 1.0
+
+    def drop(self, unwanted: Callable[[Sentence], bool]) -> list[Sentence]:
+        """Take the sentences for which `unwanted` holds out of flight (their client has gone); a row whose
+        sentence leaves is refilled or dropped at the next call."""
+        gone = [s for s in self.in_flight if unwanted(s)]
+        self.rows = [None if s is not None and unwanted(s) else s for s in self.rows]
+        self.waiting = deque(s for s in self.waiting if not unwanted(s))
+        return gone
+
+    def clear(self) -> list[Sentence]:
+        """Take every sentence out of flight (after a failed call: their state is unknown), and return them."""
+        every = self.in_flight
+        self.rows, self.waiting = [], deque()
+        return every
+
+    def plan(self) -> tuple[list[list[Segment]], list[int]]:
+        """The next call's rows (each a list of segments filling up to W positions) and, for each, the row of the
+        last call it continues from (0 where it starts afresh). Rows that continue come first, in their order, each
+        filled up from the waiting sentences; then new rows, while sentences wait and rows are free. Changes
+        nothing: `step` runs the plan."""
+        return self._plan()[:2]
+
+    def _plan(self) -> tuple[list[list[Segment]], list[int], int]:
+        waiting, taken = iter(self.waiting), 0  # taken in order: `step` pops them once the call has run
+
+        def fill(segments: list[Segment], free: int) -> None:
+            nonlocal taken
+            while free and (sentence := next(waiting, None)) is not None:
+                n = min(free, sentence.length)
+                segments.append((sentence, 0, n))
+                free -= n
+                taken += 1
+
+        rows, source = [], []
+        for r, current in enumerate(self.rows):
+            segments, free = [], self.window
+            if current is not None:
+                n = min(free, current.length - current.done)
+                segments.append((current, current.done, n))
+                free -= n
+            fill(segments, free)
+            if segments:
+                rows.append(segments)
+                source.append(r if current is not None else 0)
+        while taken < len(self.waiting) and len(rows) < self.max_rows:
+            segments = []
+            fill(segments, self.window)
+            rows.append(segments)
+            source.append(0)
+        return rows, source, taken
+
+    def step(self) -> list[Sentence]:
+        """Run the next call; the sentences it finished (no longer in flight)."""
+        rows, source, taken = self._plan()
+        if not rows:
+            self.rows = []
+            return []
+        padded_rows = self.engine.call_packed(rows, source)
+        for _ in range(taken):  # started now: in a row from here on
+            self.waiting.popleft()
+        self.segments = sum(map(len, rows))
+        self.positions += sum(n for row in rows for _, _, n in row)
+        self.computed += padded_rows * self.window
+        finished = []
+        for row in rows:
+            for sentence, _, _ in row:
+                if sentence.finished:
+                    finished.append(sentence)
+        self.rows = [None if row[-1][0].finished else row[-1][0] for row in rows]
+        if not any(self.rows):  # nothing continues: the next call starts afresh
+            self.rows = []
+        return finished

@@ -1,0 +1,774 @@
+"""The figures of one finished pass of a training run, for the per-pass table of the model card, and the rule that
+says whether a pass may replace the shipped model.
+
+    python -m training.passes measure build/train-cpu/passes/1 \
+        --heldout build/corpus-all/heldout/*.txt --corpus build/corpus-all/train/*.txt \
+        --examples build/corpus/examples.jsonl --shared-with models/default \
+        --allennlp /work/allennlp-venv/bin/python --threads 1 --baseline build/passes/baseline/figures.json
+    python -m training.passes measure models/default --work build/passes/baseline \
+        --heldout build/corpus-all/heldout/*.txt --examples build/corpus/examples.jsonl \
+        --shared-with build/train-cpu/passes/1 --allennlp /work/allennlp-venv/bin/python --threads 1
+    python -m training.passes table build/passes/baseline/figures.json build/train-cpu/passes/*/figures.json \
+        --baseline build/passes/baseline/figures.json --out build/train-cpu/passes/table.md
+
+`measure` takes an elmo-train output folder (or one of its `passes/N/` folders: options.json, weights.hdf5,
+vocab.txt, softmax.hdf5) and writes, into its work folder (default: the model's folder), `figures.json` (every
+figure below), `outcomes.json` (each query's outcome, for the noise) and `onnx/` (the export), and prints them:
+
+- held-out perplexity per direction from the zero state, over the model's own vocabulary, on the held-out files
+  pooled and per file (elmo-train's figure), and the interpolated Kneser-Ney bigram's on the same vocabulary and
+  text, trained on `--corpus` (the run's training text; computed once and cached, by default as
+  `passes/bigram.json` beside the passes: it does not change between passes), and how far below it the model is;
+- with `--shared-with`, the perplexity on the words that this vocabulary and theirs share (training/evaluate.py):
+  the figure that compares models of different vocabularies, such as a pass and today's default model;
+- `bench.senses` (best upper layer on all queries, the same layer on the held-out synsets' queries, layer 0 against
+  its chance rate, each all-queries figure's spread over 20 tie-break seeds) and `bench.syntax` (every layer, on
+  held-out occurrences and on those of ambiguous words), for the model and for the control: the same architecture
+  with random weights (random_bilm seed 0, the weights the run started from; measured once per architecture and
+  cached under `--cache`);
+- with `--allennlp PYTHON`: allennlp 2.10.1's `_ElmoBiLm` (bench/allennlp_baseline.py, stateless, the 200
+  held-out sentences in one batch) against `elmo-embed` on the export: the max abs error over every layer
+  (bar: <= 1e-5).
+
+The noise. Two models are compared on the same queries, so the comparison is paired: a bootstrap over the
+queries' words (a cluster bootstrap: every query of a resampled word comes along, since one word's queries share
+their candidates and are not independent), 1,000 resamples from seed 0, gives the standard error and the 95%
+percentile interval of the difference between the two models' accuracies; the same resampling gives each
+figure's own standard error. The tie-break seed's spread (senses: 20 seeds) is reported beside it. A model is
+"worse beyond the noise" on a figure when the whole 95% interval of (candidate - baseline) is below zero.
+
+`decide` is the shipping rule of issue 29: held-out perplexity >= 30% below the bigram in both directions, and
+not worse than today's model beyond the noise on `bench.senses` (all queries and held-out queries, best upper
+layer) and `bench.syntax` (held-out and ambiguous occurrences, best upper layer), and allennlp's agreement within
+its bar. `table` builds the model card's per-pass table (one row per model) with the comparison and the decision.
+
+This module reads bench/ (bench.senses, bench.syntax, bench/allennlp_baseline.py): it runs from a checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from bench.senses import load_occurrences as sense_occurrences
+from bench.senses import sense_rows, sentence_layers
+from bench.syntax import load_occurrences as syntax_occurrences
+from bench.syntax import probe_layer_outcomes
+from model_export.export import export_published
+from model_export.options import load_options
+from model_export.weights import random_bilm, write_published_weights
+from service.cli import embed_main
+from training.bigram import bigram_perplexities
+from training.evaluate import load_language_model, pooled, shared_perplexity, shared_vocabulary
+from training.language_model import TokenTable, perplexity
+from training.trainer import PASS_STATE, finish_pass, read_sentences
+from training.vocab import Vocabulary
+
+REPO = Path(__file__).resolve().parent.parent
+ALLENNLP_SCRIPT = REPO / "bench" / "allennlp_baseline.py"
+ALLENNLP_SENTENCES = 200
+ALLENNLP_BAR = 1e-5  # max abs error over every layer
+BELOW_BIGRAM_GOAL = 0.30  # held-out perplexity at least 30% below the Kneser-Ney bigram's, each direction
+RESAMPLES = 1000
+TIE_SEEDS = 20
+NOISE_METHOD = (
+    "paired cluster bootstrap over the queries' words (all of a resampled word's queries come along), "
+    f"{RESAMPLES} resamples from seed 0: standard error and 95% percentile interval of (candidate - baseline) on "
+    "the same queries; worse beyond the noise = the whole interval below zero"
+)
+
+
+# -- files and caches
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _files_key(paths: list[Path]) -> list[list]:
+    """The files by name and size, in name order (a shell's glob may order them otherwise)."""
+    return sorted([Path(p).name, Path(p).stat().st_size] for p in paths)
+
+
+def pass_number(folder: Path) -> int | None:
+    """N for a `passes/N/` folder of elmo-train, else None."""
+    folder = Path(folder)
+    return int(folder.name) if folder.parent.name == "passes" and folder.name.isdigit() else None
+
+
+def default_bigram_cache(folder: Path, work: Path) -> Path:
+    """`passes/bigram.json` beside the passes of a run, else the work folder's bigram.json."""
+    return folder.parent / "bigram.json" if pass_number(folder) is not None else work / "bigram.json"
+
+
+def export(folder: Path, onnx_dir: Path) -> Path:
+    """elmo-export of the folder's options.json + weights.hdf5 into onnx_dir, unless it holds an export of these
+    very weights already."""
+    manifest = onnx_dir / "manifest.json"
+    weights = folder / "weights.hdf5"
+    if manifest.exists() and json.loads(manifest.read_text()).get("sources", {}).get("weights", {}).get(
+        "sha256"
+    ) == _sha256(weights):
+        return onnx_dir
+    export_published(folder / "options.json", weights, onnx_dir)
+    return onnx_dir
+
+
+# -- perplexity
+
+
+@torch.no_grad()
+def heldout_perplexity(folder: Path, heldout: list[Path]) -> dict:
+    """Zero-state perplexity per direction over the model's own vocabulary (<UNK> one class), pooled over the
+    held-out files and per file: the figure elmo-train prints at each pass's end."""
+    model, vocab = load_language_model(folder)
+    table = TokenTable(vocab, model.bilm.options.max_chars)
+    by_file, nll, count = {}, {"forward": 0.0, "backward": 0.0}, 0
+    for path in heldout:
+        ppl = perplexity(model, [table.encode(s) for s in read_sentences([path])], table)
+        by_file[Path(path).stem] = ppl.as_dict()
+        nll["forward"] += math.log(ppl.forward) * ppl.predictions
+        nll["backward"] += math.log(ppl.backward) * ppl.predictions
+        count += ppl.predictions
+    pooled_ppl = {d: round(math.exp(v / count), 2) for d, v in nll.items()}
+    return pooled_ppl | {"predictions": count, "by_file": by_file}
+
+
+def shared_vocabulary_perplexity(folder: Path, others: list[Path], heldout: list[Path]) -> dict:
+    """training.evaluate's perplexity on the words that the folder's vocabulary and the others' (folders or
+    vocab.txt files) share, pooled and per file."""
+    model, vocab = load_language_model(folder)
+    vocabs = [vocab] + [Vocabulary.load(p / "vocab.txt" if Path(p).is_dir() else p) for p in others]
+    shared = shared_vocabulary(vocabs)
+    results = {Path(p).stem: shared_perplexity(model, vocab, shared, read_sentences([p])) for p in heldout}
+    every = pooled(list(results.values()))
+    by_file = {name: {d: r[d] for d in ("forward", "backward", "predictions")} for name, r in results.items()}
+    return {
+        "forward": every["forward"],
+        "backward": every["backward"],
+        "predictions": every["predictions"],
+        "shared_words": len(shared),
+        "with": [str(p) for p in others],
+        "by_file": by_file,
+    }
+
+
+def bigram_figures(vocab_path: Path, corpus: list[Path], heldout: list[Path], cache: Path) -> dict:
+    """The Kneser-Ney bigram's held-out perplexity (pooled and per file) on the vocabulary of vocab_path, trained
+    on the corpus; read from `cache` when it was computed for the same vocabulary and files, else computed (a few
+    minutes on 15 M words) and written there."""
+    key = {"vocab_sha256": _sha256(vocab_path), "corpus": _files_key(corpus), "heldout": _files_key(heldout)}
+    if cache.exists():
+        cached = json.loads(cache.read_text())
+        if cached.get("key") == key:
+            return cached["figures"]
+    vocab = Vocabulary.load(vocab_path)
+    sets = {Path(p).stem: read_sentences([p]) for p in heldout}
+    every = [s for sentences in sets.values() for s in sentences]
+    figures = bigram_perplexities(vocab, read_sentences(corpus), {"all": every, **sets})
+    result = figures.pop("all") | {"by_file": figures}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"key": key, "figures": result}, indent=1) + "\n")
+    return result
+
+
+def below(model_ppl: dict, bigram_ppl: dict) -> dict:
+    """How far below the bigram's perplexity the model's is, per direction, in percent."""
+    return {d: round(100 * (1 - model_ppl[d] / bigram_ppl[d]), 2) for d in ("forward", "backward")}
+
+
+# -- the probes
+
+
+def probes(onnx_dir: Path, examples: Path, threads: int, tie_seeds: int = TIE_SEEDS) -> tuple[dict, dict]:
+    """bench.senses and bench.syntax on an exported model, the sentences embedded once for both: (figures,
+    per-query outcomes)."""
+    sentences, senses_occ = sense_occurrences(examples)
+    _, syntax_occ = syntax_occurrences(examples)
+    needed = sorted({o[0] for o in senses_occ} | {o[0] for o in syntax_occ})
+    layers = sentence_layers(onnx_dir, sentences, needed, threads)
+    sense_table, sense_out = sense_rows(layers, senses_occ, tie_seeds)
+    syntax_table, syntax_out = probe_layer_outcomes(layers, syntax_occ)
+    figures = {"senses": summarize_senses(sense_table), "syntax": summarize_syntax(syntax_table)}
+    outcomes = {
+        "senses": {"words": [o[2] for o in senses_occ], "layers": sense_out},
+        "syntax": syntax_out | {"words": [syntax_occ[n][2] for n in syntax_out["test"]]},
+    }
+    return figures, outcomes
+
+
+def _upper(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["layer"].isdigit() and r["layer"] != "0"]
+
+
+def summarize_senses(rows: list[dict]) -> dict:
+    """The table, and the figures of the shipping rule: the best upper layer on all queries (its held-out-queries
+    figure beside it) and layer 0 against chance."""
+    best = max(_upper(rows), key=lambda r: r["accuracy"])
+    zero = rows[0]
+    return {
+        "rows": rows,
+        "best_layer": best["layer"],
+        "all": best["accuracy"],
+        "heldout": best["heldout_accuracy"],
+        "chance": best["chance"],
+        "heldout_chance": best["heldout_chance"],
+        "layer0": zero["accuracy"],
+        "layer0_heldout": zero["heldout_accuracy"],
+        "queries": best["queries"],
+        "heldout_queries": best["heldout_queries"],
+    }
+
+
+def summarize_syntax(rows: list[dict]) -> dict:
+    best = max(_upper(rows), key=lambda r: r["accuracy"])
+    return {
+        "rows": rows,
+        "best_layer": best["layer"],
+        "heldout": best["accuracy"],
+        "ambiguous": best["ambiguous_accuracy"],
+        "majority": best["majority"],
+        "test": best["test"],
+        "ambiguous_test": best["ambiguous"],
+    }
+
+
+def control(options_path: Path, examples: Path, cache: Path, threads: int) -> tuple[dict, dict]:
+    """The probes on the same architecture with random weights (random_bilm seed 0), cached under `cache` per
+    architecture, examples file and version of bench/senses.py and bench/syntax.py."""
+    shape = json.dumps(load_options(options_path).to_dict(), sort_keys=True)
+    probes_code = "".join(_sha256(REPO / "bench" / name) for name in ("senses.py", "syntax.py"))
+    key = hashlib.sha256((shape + _sha256(examples) + probes_code).encode())
+    folder = cache / f"control-{key.hexdigest()[:12]}"
+    figures_path, outcomes_path = folder / "figures.json", folder / "outcomes.json"
+    if figures_path.exists() and outcomes_path.exists():
+        return json.loads(figures_path.read_text()), json.loads(outcomes_path.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "options.json").write_bytes(Path(options_path).read_bytes())
+    write_published_weights(random_bilm(load_options(options_path), seed=0), folder / "weights.hdf5")
+    figures, outcomes = probes(export(folder, folder / "onnx"), examples, threads)
+    outcomes_path.write_text(json.dumps(outcomes) + "\n")
+    figures_path.write_text(json.dumps(figures, indent=1) + "\n")
+    return figures, outcomes
+
+
+# -- allennlp's agreement
+
+
+def agreement_sentences(heldout: list[Path], n: int = ALLENNLP_SENTENCES) -> list[list[str]]:
+    """n held-out sentences spread evenly over the pooled held-out files (every k-th)."""
+    every = read_sentences(heldout)
+    step = max(1, len(every) // n)
+    return every[::step][:n]
+
+
+def allennlp_agreement(folder: Path, onnx_dir: Path, heldout: list[Path], python: str, threads: int) -> dict:
+    """allennlp 2.10.1's _ElmoBiLm (stateless, the sentences in one batch) against elmo-embed on the export: max
+    abs error over every layer of every sentence."""
+    sentences = agreement_sentences(heldout)
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "sentences.txt"
+        text.write_text("".join(" ".join(s) + "\n" for s in sentences), encoding="utf-8")
+        theirs, ours = Path(tmp) / "allennlp.hdf5", Path(tmp) / "elmo-embed.hdf5"
+        command = [python, str(ALLENNLP_SCRIPT), "--options", str(folder / "options.json"), "--weights",
+                   str(folder / "weights.hdf5"), "--input", str(text), "--batch-size", str(len(sentences)),
+                   "--threads", str(threads), "--stateless", "--output", str(theirs)]  # fmt: skip
+        run = subprocess.run(command, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"bench/allennlp_baseline.py failed: {run.stderr[-2000:]}")
+        if embed_main(["--model", str(onnx_dir), str(text), str(ours), "--provider", "cpu",
+                       "--threads", str(threads), "--no-progress"]) != 0:  # fmt: skip
+            raise RuntimeError("elmo-embed failed")
+        worst = 0.0
+        with h5py.File(theirs) as a, h5py.File(ours) as b:
+            for i in range(len(sentences)):
+                x, y = a[str(i)][...], b[str(i)][...]
+                if x.shape != y.shape:
+                    raise RuntimeError(f"sentence {i}: allennlp's shape {x.shape}, elmo-embed's {y.shape}")
+                worst = max(worst, float(np.abs(x - y).max()))
+    return {
+        "max_abs_error": worst,
+        "sentences": len(sentences),
+        "tokens": sum(map(len, sentences)),
+        "bar": ALLENNLP_BAR,
+        "met": worst <= ALLENNLP_BAR,
+        "how": "allennlp 2.10.1 _ElmoBiLm, stateless, one batch, against elmo-embed --provider cpu (fp32)",
+    }
+
+
+# -- the noise
+
+
+def cluster_bootstrap(
+    a: list[float], b: list[float] | None, clusters: list, resamples: int = RESAMPLES, seed: int = 0
+) -> dict:
+    """mean(a) - mean(b) on the same items (or mean(a) alone, b None), with its standard error and 95% percentile
+    interval from resampling the clusters (all of a drawn cluster's items come along)."""
+    a = np.asarray(a, dtype=float)
+    values = a - np.asarray(b, dtype=float) if b is not None else a
+    if len(values) != len(clusters):
+        raise ValueError("one cluster label per item")
+    _, cluster_ids = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
+    k = cluster_ids.max() + 1
+    sums = np.bincount(cluster_ids, weights=values, minlength=k)
+    counts = np.bincount(cluster_ids, minlength=k).astype(float)
+    draws = np.random.default_rng(seed).integers(0, k, size=(resamples, k))
+    stats = sums[draws].sum(1) / counts[draws].sum(1)
+    low, high = np.percentile(stats, [2.5, 97.5])
+    return {
+        "value": float(values.mean()),
+        "se": float(stats.std(ddof=1)),
+        "ci95": [float(low), float(high)],
+        "items": len(values),
+        "clusters": int(k),
+    }
+
+
+def _same(what: str, x: list, y: list) -> None:
+    if x != y:
+        raise ValueError(f"{what}: the two models were measured on different queries (another examples file?)")
+
+
+def compare(baseline: tuple[dict, dict], candidate: tuple[dict, dict]) -> dict:
+    """The paired differences (candidate - baseline) of the rule's figures, each with its noise: baseline and
+    candidate are (figures, outcomes) of `measure`."""
+    (bf, bo), (cf, co) = baseline, candidate
+    out = {"method": NOISE_METHOD}
+    bs, cs = bo["senses"], co["senses"]
+    _same("senses", bs["words"], cs["words"])
+    for name in ("all", "heldout"):
+        b = bs["layers"][bf["senses"]["best_layer"]][name]
+        c = cs["layers"][cf["senses"]["best_layer"]][name]
+        _same(f"senses {name}", b["query"], c["query"])
+        words = [cs["words"][q] for q in c["query"]]
+        out[f"senses_{name}"] = cluster_bootstrap(c["hit"], b["hit"], words)
+    bx, cx = bo["syntax"], co["syntax"]
+    _same("syntax", bx["test"], cx["test"])
+    b = bx["layers"][bf["syntax"]["best_layer"]]
+    c = cx["layers"][cf["syntax"]["best_layer"]]
+    out["syntax_heldout"] = cluster_bootstrap(c, b, cx["words"])
+    amb = [k for k, flag in enumerate(cx["ambiguous"]) if flag]
+    out["syntax_ambiguous"] = cluster_bootstrap([c[k] for k in amb], [b[k] for k in amb], [cx["words"][k] for k in amb])
+    return out
+
+
+def own_noise(figures: dict, outcomes: dict) -> dict:
+    """Each rule figure's own standard error (the same resampling), and layer 0's distance from its chance rate."""
+    s, x = outcomes["senses"], outcomes["syntax"]
+    out = {}
+    for name in ("all", "heldout"):
+        o = s["layers"][figures["senses"]["best_layer"]][name]
+        out[f"senses_{name}"] = cluster_bootstrap(o["hit"], None, [s["words"][q] for q in o["query"]])
+    zero = s["layers"]["0"]["all"]
+    out["senses_layer0_minus_chance"] = cluster_bootstrap(
+        zero["hit"], zero["chance"], [s["words"][q] for q in zero["query"]]
+    )
+    right = x["layers"][figures["syntax"]["best_layer"]]
+    out["syntax_heldout"] = cluster_bootstrap(right, None, x["words"])
+    amb = [k for k, flag in enumerate(x["ambiguous"]) if flag]
+    out["syntax_ambiguous"] = cluster_bootstrap([right[k] for k in amb], None, [x["words"][k] for k in amb])
+    return out
+
+
+# -- the shipping rule
+
+
+@dataclass(frozen=True)
+class Decision:
+    ship: bool
+    reasons: list[str]  # one line per criterion, met or not
+
+    def describe(self) -> str:
+        return ("ship" if self.ship else "do not ship") + ": " + "; ".join(self.reasons)
+
+
+def decide(baseline: dict, candidate: dict, noise: dict) -> Decision:
+    """Issue 29's rule: the candidate replaces the baseline (today's default model) when its held-out perplexity
+    is >= 30% below the bigram's in each direction, it is not worse beyond the noise (the 95% interval of the
+    paired difference wholly below zero) on bench.senses (all and held-out queries) and bench.syntax (held-out
+    and ambiguous occurrences), and allennlp agrees with its export within the bar. noise: compare()'s."""
+    ok, reasons = True, []
+    pct = candidate.get("below_bigram")
+    if pct is None:
+        ok = False
+        reasons.append("perplexity against the bigram not measured (give --corpus)")
+    else:
+        met = all(pct[d] >= 100 * BELOW_BIGRAM_GOAL for d in ("forward", "backward"))
+        ok &= met
+        reasons.append(
+            f"held-out perplexity {pct['forward']:.1f}% / {pct['backward']:.1f}% below the bigram "
+            f"({'meets' if met else 'misses'} >= {100 * BELOW_BIGRAM_GOAL:.0f}%)"
+        )
+    labels = {
+        "senses_all": "bench.senses, all queries",
+        "senses_heldout": "bench.senses, held-out queries",
+        "syntax_heldout": "bench.syntax, held out",
+        "syntax_ambiguous": "bench.syntax, ambiguous words",
+    }
+    for key, label in labels.items():
+        d = noise[key]
+        worse = d["ci95"][1] < 0
+        ok &= not worse
+        if worse:
+            verdict = "worse beyond the noise"
+        else:
+            verdict = "better beyond the noise" if d["ci95"][0] > 0 else "within the noise"
+        reasons.append(
+            f"{label} {d['value']:+.3f} (95% interval {d['ci95'][0]:+.3f} to {d['ci95'][1]:+.3f}): {verdict}"
+        )
+    agreement = candidate.get("allennlp")
+    if agreement is None:
+        ok = False
+        reasons.append("allennlp's agreement not measured (give --allennlp)")
+    else:
+        ok &= agreement["met"]
+        within = "within" if agreement["met"] else "over"
+        reasons.append(f"allennlp max abs error {agreement['max_abs_error']:.1e} ({within} {ALLENNLP_BAR:g})")
+    return Decision(bool(ok), reasons)
+
+
+# -- measuring a model
+
+
+def measure(
+    folder: Path,
+    heldout: list[Path],
+    examples: Path,
+    work: Path | None = None,
+    corpus: list[Path] | None = None,
+    shared_with: list[Path] | None = None,
+    allennlp: str | None = None,
+    threads: int = 1,
+    cache: Path = Path("build/passes"),
+    bigram_cache: Path | None = None,
+    log=print,
+) -> tuple[dict, dict]:
+    """Every figure of one model (an elmo-train folder or passes/N folder): (figures, outcomes), also written to
+    work/figures.json and work/outcomes.json."""
+    folder, work = Path(folder), Path(work or folder)
+    work.mkdir(parents=True, exist_ok=True)
+    figures: dict = {"model": str(folder), "pass": pass_number(folder)}
+    figures["weights_sha256"] = _sha256(folder / "weights.hdf5")
+    log(f"{folder}: held-out perplexity, zero state, own vocabulary")
+    figures["perplexity"] = heldout_perplexity(folder, heldout)
+    figures["vocabulary"] = len(Vocabulary.load(folder / "vocab.txt"))
+    if corpus:
+        log("the Kneser-Ney bigram on the same vocabulary and text")
+        cache_file = bigram_cache or default_bigram_cache(folder, work)
+        figures["bigram"] = bigram_figures(folder / "vocab.txt", corpus, heldout, cache_file)
+        figures["below_bigram"] = below(figures["perplexity"], figures["bigram"])
+    if shared_with:
+        log("perplexity on the shared vocabulary")
+        figures["shared_perplexity"] = shared_vocabulary_perplexity(folder, shared_with, heldout)
+    log("elmo-export")
+    onnx_dir = export(folder, work / "onnx")
+    log("bench.senses and bench.syntax")
+    probe_figures, outcomes = probes(onnx_dir, examples, threads)
+    figures |= probe_figures
+    log("the control: the same architecture with random weights")
+    control_figures, control_outcomes = control(folder / "options.json", examples, cache, threads)
+    figures["control"] = control_figures
+    figures["noise"] = {"method": NOISE_METHOD, "own": own_noise(figures, outcomes)}
+    figures["noise"]["control"] = compare((control_figures, control_outcomes), (figures, outcomes))
+    if allennlp:
+        log("allennlp 2.10.1 against elmo-embed")
+        figures["allennlp"] = allennlp_agreement(folder, onnx_dir, heldout, allennlp, threads)
+    figures["examples"] = {"path": str(examples), "sha256": _sha256(examples)}
+    figures["heldout"] = [str(p) for p in heldout]
+    (work / "outcomes.json").write_text(json.dumps(outcomes) + "\n")
+    (work / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    return figures, outcomes
+
+
+def load(figures_path: Path) -> tuple[dict, dict]:
+    """(figures, outcomes) that measure wrote."""
+    figures_path = Path(figures_path)
+    return json.loads(figures_path.read_text()), json.loads((figures_path.parent / "outcomes.json").read_text())
+
+
+# -- the model card's table
+
+
+def _f(x, digits: int = 3) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def _layers(rows: list[dict], key: str) -> str:
+    return " / ".join(_f(r[key]) for r in rows if r["layer"].isdigit())
+
+
+def name_of(figures: dict) -> str:
+    return f"pass {figures['pass']}" if figures.get("pass") else figures["model"]
+
+
+TABLE_HEADER = [
+    "| model | held-out perplexity (fwd / bwd) | Kneser-Ney bigram | below the bigram | shared vocabulary "
+    "| senses: all (layer) | senses: held out | senses: layer 0 (chance) | senses control: all / held out "
+    "| syntax held out: 0 / 1 / 2 | ambiguous: 0 / 1 / 2 | syntax control: held out / ambiguous (best upper) "
+    "| allennlp | vs today's model: senses all; held out; syntax; ambiguous | ship |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def table_row(figures: dict, noise: dict | None = None, decision: Decision | None = None) -> str:
+    """One row of the per-pass table; noise (compare()'s) and decision against today's model, when given."""
+    p, s, x = figures["perplexity"], figures["senses"], figures["syntax"]
+    bigram = figures.get("bigram")
+    pct = figures.get("below_bigram")
+    shared = figures.get("shared_perplexity")
+    cs, cx = figures["control"]["senses"], figures["control"]["syntax"]
+    agreement = figures.get("allennlp")
+    versus = ""
+    if noise:
+        versus = "; ".join(
+            f"{noise[k]['value']:+.3f} [{noise[k]['ci95'][0]:+.3f}, {noise[k]['ci95'][1]:+.3f}]"
+            for k in ("senses_all", "senses_heldout", "syntax_heldout", "syntax_ambiguous")
+        )
+    cells = [
+        name_of(figures),
+        f"{p['forward']} / {p['backward']}",
+        f"{bigram['forward']} / {bigram['backward']}" if bigram else "",
+        f"{pct['forward']:.1f}% / {pct['backward']:.1f}%" if pct else "",
+        f"{shared['forward']} / {shared['backward']} ({shared['shared_words']:,} words)" if shared else "",
+        f"{_f(s['all'])} ({s['best_layer']})",
+        _f(s["heldout"]),
+        f"{_f(s['layer0'])} ({_f(s['rows'][0]['chance'])})",
+        f"{_f(cs['all'])} / {_f(cs['heldout'])}",
+        _layers(x["rows"], "accuracy"),
+        _layers(x["rows"], "ambiguous_accuracy"),
+        f"{_f(cx['heldout'])} / {_f(cx['ambiguous'])}",
+        f"{agreement['max_abs_error']:.1e}" if agreement else "",
+        versus,
+        ("yes" if decision.ship else "no") if decision else "",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def card_section(baseline: tuple[dict, dict] | None, rows: list[tuple[dict, dict]]) -> str:
+    """The model card's per-pass section: one row per model (today's first, when given), the noise method, and
+    the decision for each model against today's."""
+    lines = ["## Per pass", "", *TABLE_HEADER]
+    decisions = []
+    for figures, outcomes in rows:
+        if baseline is not None and figures["weights_sha256"] != baseline[0]["weights_sha256"]:
+            noise = compare(baseline, (figures, outcomes))
+            decision = decide(baseline[0], figures, noise)
+            decisions.append(f"- {name_of(figures)}: {decision.describe()}.")
+            lines.append(table_row(figures, noise, decision))
+        else:
+            lines.append(table_row(figures))
+    first = rows[0][0]
+    s = first["senses"]
+    lines += [
+        "",
+        f"Held-out perplexity: zero initial state, the model's own vocabulary, {first['perplexity']['predictions']:,} "
+        "predictions per direction over the held-out files pooled; the Kneser-Ney bigram on the same vocabulary and "
+        "text. A model's own-vocabulary figures compare only with models of the same vocabulary (a smaller one has "
+        "fewer words to tell apart); the shared-vocabulary column compares any two: the words both models' "
+        "vocabularies hold, the rest one class. Senses: "
+        f"bench.senses, 1-NN same-sense accuracy of the best upper layer on all {s['queries']:,} queries and the "
+        f"same layer on the {s['heldout_queries']} held-out synsets' queries; layer 0 against its chance rate. Syntax: "
+        "bench.syntax, the probe's accuracy per layer on the held-out synsets' occurrences and those of ambiguous "
+        "words (the rule compares the best upper layer on held-out occurrences). Control: the same "
+        "architecture with random weights. allennlp: max abs error of allennlp 2.10.1's _ElmoBiLm against "
+        "elmo-embed on the export, 200 held-out sentences, every layer.",
+        "",
+        f"Noise: {NOISE_METHOD}. The differences are (model - today's) with their 95% interval.",
+    ]
+    if decisions:
+        lines += ["", "Decision (issue 29's rule, training.passes.decide):", "", *decisions]
+    return "\n".join(lines) + "\n"
+
+
+# -- printing
+
+
+def _row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _interval(d: dict, sign: str = "") -> str:
+    return f"{d['value']:{sign}.4f} +- {d['se']:.4f} (95% {d['ci95'][0]:{sign}.4f} to {d['ci95'][1]:{sign}.4f})"
+
+
+def describe(figures: dict) -> str:
+    """Every figure of measure(), as text."""
+    p = figures["perplexity"]
+    lines = [figures["model"] + (f" (pass {figures['pass']})" if figures.get("pass") else "")]
+    lines.append(
+        f"held-out perplexity, zero state, own vocabulary ({figures['vocabulary']:,} words), "
+        f"{p['predictions']:,} predictions: forward {p['forward']}, backward {p['backward']}"
+    )
+    bigram = figures.get("bigram")
+    if bigram:
+        pct = figures["below_bigram"]
+        lines.append(
+            f"Kneser-Ney bigram, same vocabulary and text: forward {bigram['forward']}, backward "
+            f"{bigram['backward']} -> {pct['forward']:.2f}% / {pct['backward']:.2f}% below it (goal >= 30%)"
+        )
+    lines.append(_row("held out", "predictions", "forward", "backward", *(["bigram fwd", "bwd"] if bigram else [])))
+    for name, f in p["by_file"].items():
+        extra = [bigram["by_file"][name]["forward"], bigram["by_file"][name]["backward"]] if bigram else []
+        lines.append(_row(name, f"{f['predictions']:,}", f["forward"], f["backward"], *extra))
+    if "shared_perplexity" in figures:
+        sh = figures["shared_perplexity"]
+        by_file = ", ".join(f"{n} {f['forward']} / {f['backward']}" for n, f in sh["by_file"].items())
+        lines.append(
+            f"on the {sh['shared_words']:,} words shared with {', '.join(sh['with'])}: forward {sh['forward']}, "
+            f"backward {sh['backward']}; by file: {by_file}"
+        )
+    for title, fig in (("model", figures), ("control (random weights)", figures["control"])):
+        s, x = fig["senses"], fig["syntax"]
+        lines.append(f"bench.senses, {title}: {s['queries']} queries ({s['heldout_queries']} held out)")
+        lines.append(_row("layer", "all", "chance", "tie-break sd", "held-out queries", "chance"))
+        for r in s["rows"]:
+            tie = f"{r['tie_break']['sd']:.4f}" if "tie_break" in r else ""
+            lines.append(
+                _row(
+                    r["layer"],
+                    _f(r["accuracy"]),
+                    _f(r["chance"]),
+                    tie,
+                    _f(r["heldout_accuracy"]),
+                    _f(r["heldout_chance"]),
+                )
+            )
+        lines.append(f"bench.syntax, {title}: {x['test']} held-out occurrences, {x['ambiguous_test']} ambiguous")
+        lines.append(_row("layer", "held out", "majority", "ambiguous", "majority"))
+        for r in x["rows"]:
+            lines.append(
+                _row(
+                    r["layer"],
+                    _f(r["accuracy"]),
+                    _f(r["majority"]),
+                    _f(r["ambiguous_accuracy"]),
+                    _f(r["ambiguous_majority"]),
+                )
+            )
+    noise = figures["noise"]
+    lines.append(f"noise: {noise['method']}")
+    for k, d in noise["own"].items():
+        lines.append(f"  {k}: {_interval(d)}; {d['items']} items, {d['clusters']} words")
+    for k, d in noise["control"].items():
+        if k != "method":
+            lines.append(f"  over the control, {k}: {_interval(d, '+')}")
+    if "allennlp" in figures:
+        a = figures["allennlp"]
+        lines.append(
+            f"allennlp 2.10.1 _ElmoBiLm vs elmo-embed, {a['sentences']} held-out sentences ({a['tokens']} tokens), "
+            f"every layer: max abs error {a['max_abs_error']:.2e} ({'meets' if a['met'] else 'misses'} "
+            f"<= {a['bar']:g})"
+        )
+    return "\n".join(lines)
+
+
+def pass_state(folder: Path, checkpoint: Path | None = None, log: Path | None = None) -> dict:
+    """Where the run stood at the end of pass N (`folder`: OUT/passes/N/): its state.json, written with the pass; or,
+    for a pass written before there was one, taken from the run's checkpoint (the history up to that pass) and its
+    log ("epoch N/E: ... (M min of training so far)")."""
+    if (folder / PASS_STATE).exists():
+        return json.loads((folder / PASS_STATE).read_text())
+    number = pass_number(folder)
+    if number is None or checkpoint is None or log is None:
+        raise ValueError(f"{folder} has no {PASS_STATE}: give the run's checkpoint and log to take it from")
+    saved = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    epochs = saved["history"]["epochs"]
+    if len(epochs) < number:
+        raise ValueError(f"{checkpoint} holds {len(epochs)} finished passes, not pass {number}")
+    end = epochs[number - 1]
+    minutes = re.findall(rf"epoch {number}/\d+: held-out perplexity[^(]*\(([\d.]+) min of training so far\)",
+                         Path(log).read_text(errors="replace"))  # fmt: skip
+    if not minutes:
+        raise ValueError(f"{log} does not say when pass {number} ended")
+    history = {"loss": [h for h in saved["history"]["loss"] if h["step"] <= end["step"]], "epochs": epochs[:number]}
+    return {"epoch": number, "step": end["step"], "tokens": end["tokens"], "train_seconds": 60 * float(minutes[-1]),
+            "history": history, "config": saved["config"]}  # fmt: skip
+
+
+def release(folder: Path, corpus: list[Path], heldout: list[Path], config: str, state: dict, card: str = "") -> dict:
+    """A pass as a finished run's folder, in place (training/trainer.py: finish_pass): what `models/default/`
+    holds when it ships; `card`, the per-pass section (`card_section`), is added to its MODEL_CARD.md."""
+    log = finish_pass(folder, corpus, heldout, config, state)
+    if card:
+        with (folder / "MODEL_CARD.md").open("a") as f:
+            f.write("\n" + card)
+    return log
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="every figure of one model (a passes/N folder or an elmo-train folder)")
+    m.add_argument("model", type=Path, help="options.json, weights.hdf5, vocab.txt, softmax.hdf5")
+    m.add_argument("--heldout", nargs="+", required=True, type=Path, help="the run's held-out files")
+    m.add_argument("--corpus", nargs="+", type=Path, help="the run's training files (the bigram's text)")
+    m.add_argument("--examples", type=Path, default=Path("build/corpus/examples.jsonl"))
+    m.add_argument("--work", type=Path, help="where figures.json, outcomes.json and onnx/ go (default: the model's)")
+    m.add_argument("--shared-with", nargs="*", default=[], type=Path, help="folders (or vocab.txt files) whose "
+                   "vocabulary joins the shared-vocabulary perplexity")  # fmt: skip
+    m.add_argument("--allennlp", help="the python of allennlp 2.10.1's environment (bench/allennlp_baseline.py)")
+    m.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads (default 1)")
+    m.add_argument("--cache", type=Path, default=Path("build/passes"), help="where the control is kept")
+    m.add_argument("--bigram-cache", type=Path, help="default: passes/bigram.json beside the passes")
+    m.add_argument("--baseline", type=Path, help="figures.json of today's model: compare and decide")
+    t = sub.add_parser("table", help="the model card's per-pass section from figures.json files")
+    t.add_argument("figures", nargs="+", type=Path)
+    t.add_argument("--baseline", type=Path, help="figures.json of today's model: each row compared with it")
+    t.add_argument("--out", type=Path, help="also write the section here")
+    r = sub.add_parser("release", help="a pass as a finished run's folder (train_log.json, card, curve), to ship it")
+    r.add_argument("model", type=Path, help="OUT/passes/N/")
+    r.add_argument("--corpus", nargs="+", required=True, type=Path, help="the run's training files")
+    r.add_argument("--heldout", nargs="+", required=True, type=Path, help="the run's held-out files")
+    r.add_argument("--config", required=True, help="the run's --config (its description goes into the card)")
+    r.add_argument("--checkpoint", type=Path, help="the run's checkpoint, for a pass without state.json")
+    r.add_argument("--log", type=Path, help="the run's log, for a pass without state.json")
+    r.add_argument("--table", nargs="*", default=[], type=Path, help="figures.json files: the card's per-pass table")
+    r.add_argument("--baseline", type=Path, help="figures.json of the model it replaces")
+    args = parser.parse_args(argv)
+    if args.command == "release":
+        state = pass_state(args.model, args.checkpoint, args.log)
+        rows = [load(p) for p in args.table]
+        card = card_section(load(args.baseline) if args.baseline else None, rows) if rows else ""
+        log = release(args.model, args.corpus, args.heldout, args.config, state, card)
+        ppl = log["heldout_perplexity"]["bilm_zero_state"]
+        print(f"wrote {args.model}: held-out perplexity forward {ppl['forward']}, backward {ppl['backward']}")
+        return 0
+    if args.command == "measure":
+        torch.set_num_threads(args.threads)
+        figures, outcomes = measure(args.model, args.heldout, args.examples, args.work, args.corpus,
+                                    args.shared_with, args.allennlp, args.threads, args.cache, args.bigram_cache,
+                                    log=lambda m: print(f"-- {m}", flush=True))  # fmt: skip
+        print(describe(figures))
+        if args.baseline:
+            baseline = load(args.baseline)
+            noise = compare(baseline, (figures, outcomes))
+            decision = decide(baseline[0], figures, noise)
+            work = Path(args.work or args.model)
+            (work / "decision.json").write_text(
+                json.dumps({"baseline": str(args.baseline), "noise": noise} | asdict(decision), indent=1) + "\n"
+            )
+            (work / "card.md").write_text(card_section(baseline, [baseline, (figures, outcomes)]))
+            print(f"against {args.baseline}: {decision.describe()}")
+        return 0
+    rows = [load(p) for p in args.figures]
+    section = card_section(load(args.baseline) if args.baseline else None, rows)
+    print(section, end="")
+    if args.out:
+        args.out.write_text(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
