@@ -17,6 +17,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from service.api.connections import ConnectionCaps, RequestTurns, Trusted
 from service.api.log_bounds import AddressLog
+from service.api.request_id import HEADER, request_id
 
 log = logging.getLogger("elmo.service")
 LIVE_PATH = "/health/live"
@@ -381,10 +382,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
 
 async def _live(scope, receive, send) -> None:
-    """/health/live's answer, as the route gives it, without the app's middleware or turns: the process is up."""
+    """/health/live's answer, as the route gives it, without the app's middleware or turns: the process is up; with
+    its X-Request-Id, as every answer the app gives (service/api/request_id.py)."""
     length = b"%d" % len(LIVE)
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", length)]})  # fmt: skip
+    rid = request_id([value for name, value in scope["headers"] if name == HEADER]).encode("ascii")
+    headers = [(b"content-type", b"application/json"), (b"content-length", length), (HEADER, rid)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else LIVE})
 
 
