@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -108,12 +110,22 @@ def percentiles(values: list[float], qs=(50, 95, 99)) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(values, q)) for q in qs}
 
 
+def _limit_open_files(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
 def start_server(
-    model: Path, threads: int = 1, settings: dict[str, str] | None = None, log: Path | None = None
+    model: Path,
+    threads: int = 1,
+    settings: dict[str, str] | None = None,
+    log: Path | None = None,
+    root: Path = ROOT,
+    open_files: int | None = None,
 ) -> tuple[subprocess.Popen, str, int]:
     """A real elmo-serve on 127.0.0.1 with the default limits (no ELMO_* setting of this shell, but `settings`),
     on the CPU with `threads` ONNX Runtime threads, its output to `log` if given; returns the process, its URL and
-    port once it is ready."""
+    port once it is ready. `root`: the checkout whose code it serves (another one gives before-and-after figures);
+    `open_files`: its open-files limit, soft and hard (as a host with that limit would start it)."""
     import httpx
 
     with socket.socket() as sock:
@@ -126,7 +138,8 @@ def start_server(
     server = subprocess.Popen(
         [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
          "--model", str(model), "--port", str(port)],
-        cwd=ROOT, env=env, stdout=out, stderr=None if out is None else subprocess.STDOUT,
+        cwd=root, env=env, stdout=out, stderr=None if out is None else subprocess.STDOUT,
+        preexec_fn=None if open_files is None else partial(_limit_open_files, open_files),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

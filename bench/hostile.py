@@ -1,7 +1,8 @@
 """Hostile clients beside normal ones, against one elmo-serve with the default limits (not part of the tests: it
-takes a few minutes). It prints the figures of the second and third rounds of hardening (`--rounds`):
+takes a few minutes). It prints the figures of the second, third and fourth rounds of hardening (`--rounds`):
 
-    .venv/bin/python -m bench.hostile [--model DIR] [--seconds 30] [--clients 4] [--rounds second|third|all]
+    .venv/bin/python -m bench.hostile [--model DIR] [--seconds 30] [--clients 4] [--rounds second|third|fourth|all]
+        [--rows slow-readers,descriptors,upgrades,forwarded,flood,tokenize] [--tree DIR]
 
 1. stalled uploads: nine POSTs declare 8 MiB and send 7 MiB, a tenth 1 MiB, then all stop, holding the whole
    in-flight body budget (two from each of five addresses: one address may hold a quarter); how long until a
@@ -31,6 +32,25 @@ The third round:
 
 By default it serves the embedded default model (the export the package ships) and starts
 its own elmo-serve on 127.0.0.1 with one ONNX Runtime thread.
+
+The fourth round (`--rounds fourth`; each row on a server of its own, `--rows` picks some, `--tree DIR` serves the
+code of another checkout, at an earlier commit, for the figures before a fix; "other addresses" are 127.x.y.z):
+
+12. slow readers of static answers: 2,000 connections with a 1 KB receive window ask for the 1.5 MB Swagger UI
+    bundle and never read, from one address and from 20; 500 connections pipeline 16 GET /openapi.json each:
+    the server's RSS growth and /health/live every 0.1 s meanwhile (goal: < +300 MB, liveness < 1 s);
+13. a server started with a 1024 open-files limit (soft and hard), 1,100 connections from one address that send
+    nothing, opened again as closed, and small POSTs from three others, each on a new connection: the share
+    answered 200 (goal: >= 95%), and what the log says;
+14. 300 WebSocket upgrade requests with 8 KB paths and queries, on a server with an API key: the log's growth and
+    whether request text is in it (goal: < 64 KB, none);
+15. four stalled uploads of 8 MiB from 127.0.0.1, each with another X-Forwarded-For: the bodies held (goal: at
+    most the per-address budget, 16 MiB);
+16. 300, then 1,000, connections from one address flooding /embed with mixed requests for 30 s (wrk's way, no
+    pause): four other addresses' small POSTs every 0.2 s and /health/live every 0.1 s (goal, for 300: >= 98%
+    200, p99 < 1.5 s, liveness < 0.5 s);
+17. /tokenize with 100 texts of 16,000 words and truncate, over the queue however they are cut: the time to its
+    413 (goal: < 0.5 s).
 """
 
 from __future__ import annotations
@@ -38,6 +58,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import re
 import socket
 import sys
 import tempfile
@@ -486,16 +508,391 @@ def third_round(model: Path, url: str, port: int, pid: int) -> None:
     with_keys(model)
 
 
+# ---- the fourth round (issue 32): one row each, numbered after the third round's, each on a server of its own ----
+
+
+class Probe:
+    """Requests from one other address on a thread of its own, every `every` s, each on a new connection (as a
+    kubelet's probes and most one-off clients come): their latencies, and their failures by kind."""
+
+    def __init__(self, url: str, address: str, every: float = 0.2, path: str = "/health/live", body: bytes = b""):
+        self.url, self.address, self.every, self.path, self.body = url, address, every, path, body
+        self.stop, self.seconds, self.outcomes = threading.Event(), [], Counter()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        transport = httpx.HTTPTransport(local_address=self.address)
+        while not self.stop.is_set():
+            start = time.perf_counter()
+            try:
+                with httpx.Client(transport=transport, base_url=self.url, timeout=30) as client:
+                    if self.body:
+                        outcome = client.post(self.path, content=self.body, headers=JSON).status_code
+                    else:
+                        outcome = client.get(self.path).status_code
+            except httpx.TransportError as err:
+                outcome = type(err).__name__
+            self.seconds.append(time.perf_counter() - start)
+            self.outcomes[outcome] += 1
+            self.stop.wait(max(0.0, self.every - (time.perf_counter() - start)))
+
+    @property
+    def served(self) -> float:
+        return self.outcomes[200] / max(1, sum(self.outcomes.values()))
+
+    def figures(self) -> str:
+        p = percentiles(self.seconds) if self.seconds else {"p50": 0.0, "p99": 0.0}
+        return (f"{sum(self.outcomes.values())} requests, {self.served:.1%} answered 200 ({dict(self.outcomes)}), "
+                f"p50 {p['p50']:.3f} s, p99 {p['p99']:.3f} s, max {max(self.seconds, default=0):.3f} s")  # fmt: skip
+
+    def __enter__(self) -> Probe:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def log_size(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def slow_reader(port: int, address: str, request: bytes) -> socket.socket | None:
+    """A connection with a 1 KB receive window that sends `request` and never reads."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before connecting: the window it advertises
+    try:
+        sock.bind((address, 0))
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def answered(sock: socket.socket) -> str:
+    """The status of what the server sent on a connection never read (peeked), or why there is none."""
+    timeout = sock.gettimeout()
+    sock.settimeout(0)  # a socket with a timeout waits for data before it peeks, MSG_DONTWAIT or not
+    try:
+        got = sock.recv(12, socket.MSG_PEEK)
+    except BlockingIOError:
+        return "nothing yet"
+    except OSError as err:
+        return type(err).__name__
+    finally:
+        sock.settimeout(timeout)
+    return got[9:12].decode() if got else "closed"
+
+
+def slow_static_readers(model: Path, tree: Path, connections: int = 2000, seconds: float = 15) -> None:
+    """Row 12: readers that never read the Swagger UI bundle (1.5 MB), from one address and from twenty, and
+    pipelines of the OpenAPI document."""
+    bundle = b"GET /static-offline-docs/swagger-ui-bundle.js HTTP/1.1\r\nhost: x\r\n\r\n"
+    openapi = b"GET /openapi.json HTTP/1.1\r\nhost: x\r\n\r\n" * 16
+    cases = [(f"{connections} readers of the 1.5 MB Swagger UI bundle from one address", bundle, ["127.0.0.2"]),
+             (f"{connections} of them from 20 addresses", bundle, [f"127.0.1.{k}" for k in range(1, 21)]),
+             ("500 connections of 16 pipelined GET /openapi.json, from 20 addresses", openapi,
+              [f"127.0.2.{k}" for k in range(1, 21)])]  # fmt: skip
+    for name, request, addresses in cases:
+        count = connections if request is bundle else 500
+        server, url, port = start_server(model, root=tree)
+        try:
+            with PeakRss(server.pid) as rss, Probe(url, "127.0.0.9", every=0.1) as live:
+                time.sleep(1)
+                socks = [slow_reader(port, addresses[k % len(addresses)], request) for k in range(count)]
+                time.sleep(seconds)
+            statuses = Counter(answered(sock) if sock else "not connected" for sock in socks)
+            print(f"12. {name}, never reading, {seconds:.0f} s: RSS +{rss.grown_mb:.0f} MB at most; /health/live "
+                  f"every 0.1 s from another address: {live.figures()}; the readers' answers {dict(statuses)} "
+                  "(goal: < +300 MB, liveness < 1 s)")  # fmt: skip
+            for sock in socks:
+                if sock:
+                    sock.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def _idle_holder(port: int, address: str, count: int, seconds: float, opened: list) -> None:
+    """`count` connections from `address` that send nothing, each opened again as soon as the server closes it
+    (a process of its own: the probes' timing must not share its interpreter)."""
+    import selectors
+
+    chooser = selectors.DefaultSelector()
+    made = 0
+
+    def open_one() -> None:
+        nonlocal made
+        sock = socket.socket()
+        sock.setblocking(False)
+        try:
+            sock.bind((address, 0))
+            sock.connect_ex(("127.0.0.1", port))
+            chooser.register(sock, selectors.EVENT_READ)
+            made += 1
+        except OSError:
+            sock.close()
+
+    for _ in range(count):
+        open_one()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for key, _ in chooser.select(timeout=0.2):
+            chooser.unregister(key.fileobj)
+            key.fileobj.close()
+            open_one()
+        while len(chooser.get_map()) < count and time.monotonic() < end:
+            before = made
+            open_one()
+            if made == before:
+                time.sleep(0.05)
+                break
+    opened.append(made)
+
+
+def idle_connections_at_1024(model: Path, tree: Path, count: int = 1100, requests: int = 150) -> None:
+    """Row 13: a server whose open-files limit is 1024 (soft and hard), 1,100 idle connections from one address,
+    and requests from three others."""
+    import multiprocessing
+
+    log = Path(tempfile.mkdtemp()) / "server.log"
+    server, url, port = start_server(model, root=tree, open_files=1024, log=log, settings={"ELMO_LOG_LEVEL": "info"})
+    try:
+        seconds = requests / 3 * 0.2 + 5
+        opened = multiprocessing.Manager().list()
+        holder = multiprocessing.Process(target=_idle_holder, args=(port, "127.0.0.2", count, seconds + 5, opened))
+        holder.start()
+        time.sleep(3)
+        probes = [Probe(url, f"127.0.0.{k}", path="/embed", body=SMALL) for k in (3, 4, 5)]
+        for probe in probes:
+            probe.thread.start()
+        time.sleep(seconds)
+        for probe in probes:
+            probe.stop.set()
+            probe.thread.join()
+        holder.join()
+        outcomes = sum((probe.outcomes for probe in probes), Counter())
+        latencies = [t for probe in probes for t in probe.seconds]
+        share = outcomes[200] / max(1, sum(outcomes.values()))
+        text = log.read_text(errors="replace")
+        lines = [line for line in text.splitlines() if "connection" in line.lower() or "open files" in line.lower()]
+        print(f"13. {count} idle connections from one address (kept open, {opened[0] if opened else '?'} opened) at "
+              f"a 1024 open-files limit: {sum(outcomes.values())} small POSTs from 3 other addresses, each on a new "
+              f"connection: {share:.1%} answered 200 ({dict(outcomes)}), p99 "
+              f"{percentiles(latencies)['p99']:.3f} s (goal: >= 95%); the log: "
+              f"{([*lines[:3], '...'] if len(lines) > 3 else lines) or 'nothing about it'}")  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def upgrade_requests(model: Path, tree: Path, count: int = 300) -> None:
+    """Row 14: WebSocket upgrade requests with 8 KB paths and queries, on a server with an API key."""
+    log = Path(tempfile.mkdtemp()) / "server.log"
+    settings = {"ELMO_LOG_LEVEL": "info", "ELMO_API_KEYS": "bench-key"}
+    server, _, port = start_server(model, root=tree, settings=settings, log=log)
+    try:
+        time.sleep(0.5)
+        before = log_size(log)
+        marker = "SecretText"
+        statuses = Counter()
+        for k in range(count):
+            path = f"/embed?sentences={marker}{k}-" + "x" * 8000
+            head = (f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+                    "sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")  # fmt: skip
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                    sock.sendall(head.encode())
+                    statuses[sock.recv(12)[9:12].decode() or "closed"] += 1
+            except OSError as err:
+                statuses[type(err).__name__] += 1
+        time.sleep(1)
+        grown = log_size(log) - before
+        text = log.read_text(errors="replace")
+        print(f"14. {count} WebSocket upgrade requests of 8 KB paths with a query, on a server with an API key: "
+              f"answered {dict(statuses)}; {grown} bytes of log ({grown / count:.0f} a request), request text in "
+              f"it: {marker in text} (goal: < 64 KB for {count}, no request text)")  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def _held_bytes(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = [line.split()[-1] for line in text.splitlines() if line.startswith("elmo_body_bytes_held")]
+    return float(found[0]) if found else 0.0
+
+
+def spoofed_forwarded_for(model: Path, tree: Path) -> None:
+    """Row 15: stalled 8 MiB uploads from one address, each with another X-Forwarded-For."""
+    server, url, port = start_server(model, root=tree)
+    try:
+        socks = []
+        for k in range(4):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            head = (f"POST /embed HTTP/1.1\r\nhost: x\r\nx-forwarded-for: 203.0.113.{k + 1}\r\n"
+                    f"content-type: application/json\r\ncontent-length: {8 << 20}\r\n\r\n")  # fmt: skip
+            sock.sendall(head.encode() + b"x" * ((8 << 20) - 16))
+            socks.append(sock)
+        time.sleep(2)
+        held = _held_bytes(url)
+        statuses = Counter(answered(sock) for sock in socks)
+        print(f"15. four 8 MiB uploads from 127.0.0.1, stalled, each with another X-Forwarded-For: "
+              f"{held / 2**20:.1f} MiB of bodies held ({held / (8 << 20):.1f} bodies), the uploads' answers "
+              f"{dict(statuses)} (goal: at most the per-address budget, 16 MiB: 2 bodies)")  # fmt: skip
+        for sock in socks:
+            sock.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def _flood(port: int, address: str, connections: int, seconds: float, results) -> None:
+    """A process of its own: `connections` keep-alive connections from `address`, each sending mixed requests one
+    after the other with no pause (wrk's way), reading every answer whole; their statuses."""
+    words = ["the", "bank", "of", "a", "river", "is", "where", "the", "water", "meets", "the", "land"]
+    sentence = lambda n, k: [words[(k + j) % len(words)] for j in range(n)]  # noqa: E731
+    bodies = [
+        SMALL,
+        orjson.dumps({"sentences": [sentence(20, k) for k in range(4)], "pooling": "mean"}),
+        orjson.dumps({"sentences": [sentence(20, k) for k in range(16)]}),
+        orjson.dumps({"sentences": [" ".join(sentence(40, k)) + "." for k in range(4)], "pooling": "mean"}),
+        orjson.dumps({"sentences": [sentence(60, k) for k in range(32)], "encoding": "base64"}),
+        orjson.dumps({"sentences": [sentence(126, k) for k in range(8)], "output": "layers"}),
+    ]
+    statuses: Counter = Counter()
+
+    async def one(k: int) -> None:
+        end = time.monotonic() + seconds
+        reader = writer = None
+        i = k
+        while time.monotonic() < end:
+            try:
+                if writer is None:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(address, 0))
+                body = bodies[i % len(bodies)]
+                writer.write(post_bytes("/embed", body))
+                headers = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+                length = int(headers.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await asyncio.wait_for(reader.readexactly(length), 60)
+                statuses[int(headers[9:12])] += 1
+                if b"connection: close" in headers.lower():
+                    writer.close()
+                    writer = None
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, IndexError, ValueError) as err:
+                statuses[type(err).__name__] += 1
+                if writer is not None:
+                    writer.close()
+                writer = None
+                await asyncio.sleep(0.1)
+            i += 1
+        if writer is not None:
+            writer.close()
+
+    async def all_of_them() -> None:
+        await asyncio.gather(*(one(k) for k in range(connections)))
+
+    asyncio.run(all_of_them())
+    results.update(statuses)
+
+
+def overload_flood(model: Path, tree: Path, connections: int = 300, seconds: float = 30) -> None:
+    """Row 16: a flood of mixed requests from one address, beside small requests from four others and the
+    liveness probe."""
+    import multiprocessing
+
+    server, url, port = start_server(model, root=tree)
+    try:
+        results = multiprocessing.Manager().dict()
+        flood = multiprocessing.Process(target=_flood, args=(port, "127.0.0.2", connections, seconds, results))
+        probes = [Probe(url, f"127.0.0.{k}", path="/embed", body=SMALL) for k in (3, 4, 5, 6)]
+        with PeakRss(server.pid) as rss, Probe(url, "127.0.0.9", every=0.1) as live:
+            flood.start()
+            time.sleep(2)  # the flood under way
+            for probe in probes:
+                probe.thread.start()
+            time.sleep(seconds - 4)
+            for probe in probes:
+                probe.stop.set()
+                probe.thread.join()
+            flood.join()
+        others = Probe(url, "")
+        for probe in probes:
+            others.seconds += probe.seconds
+            others.outcomes += probe.outcomes
+        flooded = dict(results)
+        answered_per_s = {status: round(n / seconds) for status, n in flooded.items()}
+        print(f"16. {connections} connections from one address flooding /embed with mixed requests for "
+              f"{seconds:.0f} s (per second: {answered_per_s}): 4 other addresses' small POSTs every 0.2 s: "
+              f"{others.figures()}; /health/live every 0.1 s: {live.figures()}; RSS +{rss.grown_mb:.0f} MB "
+              "(goal: >= 98% 200, p99 < 1.5 s, liveness < 0.5 s)")  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def hopeless_tokenize(model: Path, tree: Path) -> None:
+    """Row 17: 100 texts of 16,000 words each with truncate: over the queue however they are cut."""
+    server, url, _ = start_server(model, root=tree)
+    try:
+        body = orjson.dumps({"sentences": [" ".join(["word"] * 16000)] * 100, "truncate": True})
+        times, statuses = [], Counter()
+        with httpx.Client(base_url=url, timeout=120) as client:
+            for _ in range(5):
+                start = time.perf_counter()
+                statuses[client.post("/tokenize", content=body, headers=JSON).status_code] += 1
+                times.append(time.perf_counter() - start)
+        print(
+            f"17. /tokenize, 100 texts of 16,000 words with truncate ({len(body) / 1e6:.0f} MB): {dict(statuses)} "
+            f"in {np.median(times):.2f} s median, {max(times):.2f} s at most, of 5 (goal: refused within 0.5 s)"
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def overload_floods(model: Path, tree: Path) -> None:
+    for connections in (300, 1000):
+        overload_flood(model, tree, connections)
+
+
+FOURTH = {"slow-readers": slow_static_readers, "descriptors": idle_connections_at_1024, "upgrades": upgrade_requests,
+          "forwarded": spoofed_forwarded_for, "flood": overload_floods, "tokenize": hopeless_tokenize}  # fmt: skip
+
+
+def fourth_round(model: Path, tree: Path, rows: list[str]) -> None:
+    cpu = sorted(set(re.findall(r"\b(avx512_vnni|avx2)\b", Path("/proc/cpuinfo").read_text())))
+    print(f"fourth round: the code of {tree}; {os.cpu_count()} cores ({', '.join(cpu) or 'no avx2'}), load average "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    for row in rows:
+        FOURTH[row](model, tree)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="exported model (default: the embedded one)")
     parser.add_argument("--seconds", type=float, default=30, help="length of the mixed load")
     parser.add_argument("--clients", type=int, default=4, help="normal clients sending small requests")
-    parser.add_argument("--rounds", choices=["second", "third", "all"], default="all", help="which rows to run")
+    parser.add_argument(
+        "--rounds", choices=["second", "third", "fourth", "all"], default="all", help="which rows to run"
+    )
+    parser.add_argument(
+        "--rows", default=",".join(FOURTH), help=f"the fourth round's rows, comma-separated ({', '.join(FOURTH)})"
+    )
+    parser.add_argument(
+        "--tree", type=Path, default=Path(__file__).resolve().parents[1],
+        help="serve the code of this checkout (another one, at an earlier commit, gives the figures before a fix)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not (args.model / "manifest.json").exists():
         raise SystemExit(f"no model at {args.model}: run `make serve` once (it exports it), or pass --model")
-    server, url, port = start_server(args.model)
+    if args.rounds == "fourth":
+        fourth_round(args.model, args.tree, [row for row in args.rows.split(",") if row])
+        return 0
+    server, url, port = start_server(args.model, root=args.tree)
     try:
         info = httpx.get(f"{url}/info").json()
         print(f"model: {args.model} (dim {info['dim']}, {info['num_layers']} layers); the default limits")
@@ -508,10 +905,12 @@ def main() -> int:
             third_round(args.model, url, port, server.pid)
         ready = httpx.get(f"{url}/health/ready").status_code
         print(f"afterwards: /health/ready {ready}, peak RSS {memory(server.pid, 'VmHWM') / 1e6:.0f} MB")
-        return 0
     finally:
         server.terminate()
         server.wait(timeout=60)
+    if args.rounds == "all":
+        fourth_round(args.model, args.tree, [row for row in args.rows.split(",") if row])
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@
 3. its tokens (`Admission.tokens`): no empty sentence, valid Unicode, at most `max_tokens_per_sentence` each (or
    cut to it with `truncate`);
 4. its answer's size, estimated before the engine runs (`Admission.answer_size`): at most `max_answer_bytes`
-   (413), and the answers being made or sent at most `max_answers_inflight_bytes` together (`AnswerBudget`, 503);
+   (413), and the answers being made or sent at most `max_answers_inflight_bytes` together and
+   `max_answers_inflight_bytes_per_client` to one address (`AnswerBudget`, 503);
 5. its model's queue (service/batching/batcher.py): 503 when full, per model.
 
 Each refusal is a ServiceError (service/errors.py) whose message names the field and the way out.
@@ -55,19 +56,26 @@ class Admission:
 
     def before_tokenizing(self, items: Sequence[list[str] | str], field: str, truncate: bool) -> None:
         """Refuse (413) on counts that need no tokenizing: sentences per request, characters per text, a lower
-        bound on a text's tokens over the limit (unless `truncate` cuts it), an upper bound over what Moses may
-        read, and the request over the queue's size (every model's queue holds `queue_tokens`)."""
+        bound on a text's tokens over the limit (unless `truncate` cuts it), the request over the queue's size by
+        those lower bounds (each cut to the limit: truncate cannot save it), an upper bound over what Moses may
+        read, and the request over the queue's size by the upper bounds (every model's queue holds
+        `queue_tokens`)."""
         s = self.settings
         if len(items) > s.max_sentences:
             raise TooLarge(f"{len(items)} sentences; the limit is {s.max_sentences} per request", field)
         for i, x in enumerate(items):
             if isinstance(x, str) and len(x) > s.max_text_chars:
                 raise TooLarge(f"{len(x)} characters; the limit is {s.max_text_chars} per text", f"{field}[{i}]")
+        limit, least = s.max_tokens_per_sentence, 0
         for i, x in enumerate(items):
-            n = min_tokens(x) if isinstance(x, str) else len(x)
-            if n > s.max_tokens_per_sentence and not truncate:
-                counted = f"at least {n}" if isinstance(x, str) else str(n)
-                raise TooLarge(f"{counted} tokens; the limit is {s.max_tokens_per_sentence}", f"{field}[{i}]")
+            # by whitespace, counted no further than the limit: a text of 16,000 words costs what one of 1,001 does
+            n = min_tokens(x, stop=limit + 1) if isinstance(x, str) else len(x)
+            if n > limit and not truncate:
+                counted = f"at least {min_tokens(x)}" if isinstance(x, str) else str(n)  # counted whole, once
+                raise TooLarge(f"{counted} tokens; the limit is {limit}", f"{field}[{i}]")
+            least += min(n, limit) + 2
+        if least > s.queue_tokens:  # however Moses splits the texts and truncate cuts them: before the upper bound
+            raise LargerThanQueue(least, s.queue_tokens, field, at_least=any(isinstance(x, str) for x in items))
         at_most = self._at_most(items, field, truncate)  # before Moses reads a text
         if (total := sum(at_most) + 2 * len(items)) > s.queue_tokens:
             raise LargerThanQueue(total, s.queue_tokens, field)
@@ -139,27 +147,41 @@ def _has_surrogate(tokens: list[str]) -> bool:
 
 
 class AnswerBudget:
-    """The estimated sizes of the answers being made or sent, bounded together: a request takes its answer's size
-    before the engine runs (`take`), and gets 503 when the budget cannot hold it; it gives it back once the answer
-    is sent or the client has gone (`give_back`, from the middleware around the routes). Without it, clients that
-    ask for large answers and never read them held memory for as long as they stayed (the write timeout closes
-    them; this bounds what they hold meanwhile)."""
+    """The estimated sizes of the answers being made or sent, bounded together and per client address: a request
+    takes its answer's size before the engine runs (`take`), and gets 503 when the budget cannot hold it; it gives
+    it back once the answer is sent or the client has gone (`give_back`, from the middleware around the routes).
+    Without it, clients that ask for large answers and never read them held memory for as long as they stayed (the
+    write timeout closes them; this bounds what they hold meanwhile). Without the bound per address, one address's
+    flood of large answers held the whole budget, and other addresses' small requests got 503."""
 
-    def __init__(self, limit: int, metrics: Metrics | None = None):
-        self.limit, self.held = limit, 0
+    def __init__(self, limit: int, metrics: Metrics | None = None, per_client: int | None = None):
+        self.limit, self.per_client, self.held = limit, per_client or limit, 0
+        self.by_client: dict[str, int] = {}  # the same, per client address (present while it holds any)
         if metrics is not None:
             metrics.answer_bytes.set_function(lambda: self.held)
 
-    def take(self, size: int) -> None:
-        """Hold `size` bytes for an answer, or Overloaded."""
+    def take(self, size: int, client: str = "") -> None:
+        """Hold `size` bytes for an answer to `client`, or Overloaded."""
+        if (mine := self.by_client.get(client, 0)) + size > self.per_client:
+            raise Overloaded(
+                f"overloaded: answers being made or sent to your address hold {mine} of {self.per_client} bytes; "
+                "retry later"
+            )
         if self.held + size > self.limit:
             raise Overloaded(
                 f"overloaded: answers being made or sent hold {self.held} of {self.limit} bytes; retry later"
             )
         self.held += size
+        self.by_client[client] = mine + size
 
-    def give_back(self, size: int) -> None:
+    def give_back(self, size: int, client: str = "") -> None:
+        if not size:
+            return
         self.held -= size
+        if left := self.by_client[client] - size:
+            self.by_client[client] = left
+        else:
+            del self.by_client[client]
 
 
 class BodyBudget:

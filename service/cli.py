@@ -172,7 +172,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     app = create_app(settings)
     metrics = serve_metrics(app, settings.host, settings.metrics_port) if settings.metrics_port is not None else None
     try:
-        return 0 if serve(app, settings, on_signal=lambda: start_draining(app)) else 1
+        return (
+            0 if serve(app, settings, on_signal=lambda: start_draining(app), metrics=app.state.runtime.metrics) else 1
+        )
     finally:
         if metrics is not None:
             metrics.shutdown()

@@ -61,6 +61,12 @@ class Metrics:
         self.rejected = Counter(
             "elmo_rejected", "requests refused with 503 because their model's queue was full", ["model"], registry=r
         )
+        # The HTTP server's connections (service/api/connections.py): those held, and those refused by its caps.
+        self.connections = Gauge("elmo_connections", "connections held by the HTTP server", registry=r)
+        self.connections_refused = Counter(
+            "elmo_connections_refused", "connections refused (503 and closed): over the cap per address (per_client) "
+            "or in all (total)", ["reason"], registry=r,
+        )  # fmt: skip
         # The start-up check of each model's engine (service/engine/canary.py); absent for an export without canaries.
         self.canary_error = Gauge(
             "elmo_canary_max_abs_error", "start-up canaries: max abs error against the reference", ["model"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from collections.abc import Mapping
 from importlib.resources import files
@@ -110,6 +111,13 @@ class Settings(BaseSettings):
         description="the estimated sizes of all answers being made or sent together (503 above); at least "
         "max_answer_bytes",
     )
+    # One address's flood of large answers could otherwise hold the whole budget: others' small requests got 503.
+    max_answers_inflight_bytes_per_client: int = Field(
+        64 << 20,
+        ge=1,
+        description="the estimated sizes of the answers being made or sent to one client address (503 above); at "
+        "least max_answer_bytes",
+    )
 
     # connections: how long a client may take, and how large a request head may be (a slow or idle one would
     # otherwise hold a connection, and its body the in-flight budget, for as long as it likes)
@@ -135,6 +143,16 @@ class Settings(BaseSettings):
     keep_alive_s: float = Field(5.0, gt=0, description="an idle connection between requests is closed after this")
     max_header_bytes: int = Field(16384, ge=1024, description="request line and headers together (431 above)")
     max_headers: int = Field(100, ge=8, description="headers per request (431 above)")
+    # Connections hold descriptors: past the open-files limit accept() fails and other clients are reset.
+    max_connections: int = Field(
+        0,
+        ge=0,
+        description="connections held at most (503 and closed above); 0: the open-files limit (raised to its hard "
+        "limit at start) less a reserve of a tenth, at least 64",
+    )
+    max_connections_per_client: int = Field(
+        512, ge=1, description="connections from one client address (503 and closed above); trusted proxies excepted"
+    )
 
     # ONNX Runtime
     provider: str = Field("auto", pattern="^(auto|cpu|cuda)$")
@@ -173,6 +191,12 @@ class Settings(BaseSettings):
         [], description="when set, every route but /health/* needs `Authorization: Bearer <one of them>`"
     )
     cors_origins: Annotated[list[str], NoDecode] = Field([], description="origins allowed by CORS; none: no CORS")
+    # Trusted from 127.0.0.1 by uvicorn's default, X-Forwarded-For let any local process choose its address.
+    forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="addresses or networks of the reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are "
+        "trusted; none: the connection's address is the client's",
+    )
 
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
     log_request_text: bool = Field(False, description="log each request's sentences (off: no request text in logs)")
@@ -193,11 +217,23 @@ class Settings(BaseSettings):
         "/metrics on the main port alone, behind the keys if any",
     )
 
-    @field_validator("api_keys", "cors_origins", mode="before")
+    @field_validator("api_keys", "cors_origins", "forwarded_allow_ips", mode="before")
     @classmethod
     def _comma_separated(cls, value):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses_or_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if entry == "*":
+                raise ValueError("'*' would trust any peer's X-Forwarded-For: name the proxies' addresses or networks")
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is neither an IP address nor a network (such as 10.0.0.0/8)") from None
         return value
 
     @field_validator("log_level", "log_format", mode="before")
@@ -255,11 +291,13 @@ class Settings(BaseSettings):
                     f"{variable(name)} ({getattr(self, name)}) is below ELMO_MAX_BODY_BYTES ({self.max_body_bytes}): "
                     "a body at the limit could never be taken; raise one or lower the other"
                 )
-        if self.max_answers_inflight_bytes < self.max_answer_bytes:
-            raise ValueError(
-                f"ELMO_MAX_ANSWERS_INFLIGHT_BYTES ({self.max_answers_inflight_bytes}) is below ELMO_MAX_ANSWER_BYTES "
-                f"({self.max_answer_bytes}): an answer at the limit could never be made; raise one or lower the other"
-            )
+        for name in ("max_answers_inflight_bytes", "max_answers_inflight_bytes_per_client"):
+            if getattr(self, name) < self.max_answer_bytes:
+                given, limit = getattr(self, name), self.max_answer_bytes
+                raise ValueError(
+                    f"{variable(name)} ({given}) is below ELMO_MAX_ANSWER_BYTES ({limit}): an answer at the limit "
+                    "could never be made; raise one or lower the other"
+                )
         return self
 
     def public(self, **resolved) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -45,16 +47,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(model_dir: Path | str | None, log: Path, settings: dict[str, str], port: int) -> subprocess.Popen:
+def launch(
+    model_dir: Path | str | None,
+    log: Path,
+    settings: dict[str, str],
+    port: int,
+    open_files: tuple[int, int] | None = None,
+) -> subprocess.Popen:
     """Start elmo-serve with exactly these ELMO_* settings (on top of BASE_SETTINGS); its output goes to `log`.
-    `model_dir` None: no --model (the settings name the models: ELMO_MODELS)."""
+    `model_dir` None: no --model (the settings name the models: ELMO_MODELS). `open_files`: its open-files limit,
+    (soft, hard), as a host with that limit would start it."""
     # Only our ELMO_* settings: one left in the environment (a batch size, a limit) would change what is tested.
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")}
     env |= BASE_SETTINGS | settings
     model = [] if model_dir is None else ["--model", str(model_dir)]
     cmd = [sys.executable, "-c", SERVE, *model, "--port", str(port)]
+    limit = None if open_files is None else partial(resource.setrlimit, resource.RLIMIT_NOFILE, open_files)
     with log.open("wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, preexec_fn=limit)
 
 
 def refused_to_start(model_dir: Path | str, log: Path, settings: dict[str, str], seconds: float = 60) -> str:
@@ -99,11 +109,14 @@ def stop(proc: subprocess.Popen) -> int:
 
 @contextmanager
 def running_server(
-    model_dir: Path | str | None, folder: Path, settings: dict[str, str] | None = None
+    model_dir: Path | str | None,
+    folder: Path,
+    settings: dict[str, str] | None = None,
+    open_files: tuple[int, int] | None = None,
 ) -> Iterator[Server]:
     """A ready server for the duration of the block; stopped (and its log kept in `folder`) afterwards."""
     port, log = free_port(), folder / "server.log"
-    proc = launch(model_dir, log, settings or {}, port)
+    proc = launch(model_dir, log, settings or {}, port, open_files)
     try:
         wait_ready(proc, f"http://127.0.0.1:{port}", log)
         yield Server(f"http://127.0.0.1:{port}", port, log, proc)

@@ -17,6 +17,7 @@ from service.api import embed, errors, health, openai, tracing
 from service.api.dependencies import Runtime
 from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.api.request_id import RequestId
+from service.api.static import StaticAnswers
 from service.metrics import Metrics
 from service.models import load_models
 from service.settings import Settings
@@ -44,7 +45,7 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         settings,
         metrics,
         Admission(settings),
-        AnswerBudget(settings.max_answers_inflight_bytes, metrics),
+        AnswerBudget(settings.max_answers_inflight_bytes, metrics, settings.max_answers_inflight_bytes_per_client),
         # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
         # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
         ThreadPoolExecutor(settings.tokenize_threads, thread_name_prefix="tokenize"),
@@ -63,7 +64,8 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
 def add_middleware(app: FastAPI, parts: Runtime) -> None:
     """Outermost last: the request id on every answer and log line; metrics see every answer; under /v1/ every
     error is put in OpenAI's shape; CORS answers preflights (which carry no key) and puts its headers on a 401 too;
-    keys are checked before a body is read; a body is bounded before anything parses it."""
+    keys are checked before a body is read, and before the answers that never change are sent from memory; a body
+    is bounded before anything parses it."""
     settings = parts.settings
     bodies = BodyBudget(settings.max_inflight_bytes, settings.max_inflight_bytes_per_client, parts.metrics)
     app.add_middleware(
@@ -75,6 +77,7 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
         min_rate=settings.body_min_rate,
     )
     app.add_middleware(AnswerRelease, budget=parts.answers)  # what a request took of the answer budget, given back
+    app.add_middleware(StaticAnswers, fastapi=app)  # the OpenAPI document and the docs' files, from memory
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
     app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
     if settings.cors_origins:

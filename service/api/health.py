@@ -46,6 +46,7 @@ async def ready(request: Request):
 async def info(request: Request, model: str | None = None):
     chosen = model_named(request, model)
     settings = runtime(request).settings
+    caps = getattr(request.app.state, "connections", None)  # service/api/server.py: the connections' caps in force
     return json_response(
         {
             "model": chosen.name,
@@ -61,6 +62,7 @@ async def info(request: Request, model: str | None = None):
                 "max_inflight_bytes": settings.max_inflight_bytes,
                 "max_inflight_bytes_per_client": settings.max_inflight_bytes_per_client,
                 "max_answers_inflight_bytes": settings.max_answers_inflight_bytes,
+                "max_answers_inflight_bytes_per_client": settings.max_answers_inflight_bytes_per_client,
                 "max_layers_or_mixes": MAX_OUTPUTS,
                 "max_text_chars": settings.max_text_chars,
                 "max_answer_bytes": settings.max_answer_bytes,
@@ -72,6 +74,8 @@ async def info(request: Request, model: str | None = None):
                 "body_min_rate": settings.body_min_rate,
                 "write_timeout_s": settings.write_timeout_s,
                 "max_pipelined": settings.max_pipelined,
+                "max_connections": caps.limit if caps else None,
+                "max_connections_per_client": caps.per_client if caps else None,
                 "queue_tokens": settings.queue_tokens,
                 "batch_tokens": chosen.batch_tokens,
             },

@@ -81,7 +81,7 @@ class BodyLimit:
             return await self._too_large(send)
         chunks, size, more = [], 0, True
         start = perf_counter()
-        client = (scope.get("client") or ("",))[0]
+        client = client_address(scope)
         try:
             while more:
                 try:
@@ -139,10 +139,16 @@ class BodyLimit:
 ANSWER_HELD = "elmo_answer_bytes"  # what a request holds of the answer budget, in its scope's state
 
 
+def client_address(scope) -> str:
+    """Whose request this is: the connection's address, or the client a trusted proxy names (uvicorn's proxy
+    headers middleware has put it in the scope; service/api/server.py)."""
+    return (scope.get("client") or ("",))[0]
+
+
 def hold_answer(scope, budget: AnswerBudget, size: int) -> None:
     """Take `size` bytes of the answer budget for this request (Overloaded if it cannot hold them); AnswerRelease
     gives them back once the answer is sent or the client has gone."""
-    budget.take(size)
+    budget.take(size, client_address(scope))
     state = scope.setdefault("state", {})
     state[ANSWER_HELD] = state.get(ANSWER_HELD, 0) + size
 
@@ -157,7 +163,7 @@ class AnswerRelease:
         try:
             await self.app(scope, receive, send)
         finally:
-            self.budget.give_back(scope.get("state", {}).pop(ANSWER_HELD, 0))
+            self.budget.give_back(scope.get("state", {}).pop(ANSWER_HELD, 0), client_address(scope))
 
 
 class DrainCutoff:

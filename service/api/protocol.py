@@ -5,6 +5,7 @@ refuses to start on a uvicorn outside the range it was tested with."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
@@ -14,11 +15,24 @@ import orjson
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
+from service.api.connections import ConnectionCaps, RequestTurns, Trusted
+from service.api.log_bounds import AddressLog
+from service.api.request_id import HEADER, request_id
+
 log = logging.getLogger("elmo.service")
+LIVE_PATH = "/health/live"
+LIVE = orjson.dumps({"status": "live"})  # what the route answers (service/api/health.py)
 LINGER_S = 2.0  # after refusing a request head, how long what the client still sends is read and dropped
 # What is parsed at once: a read of 256 KiB can hold 6,898 pipelined requests, and httptools parses a whole read
 # in one call, so reads are parsed in slices of this size, and no further while `max_pipelined` requests wait.
 PARSE_SLICE = 4096
+# What the kernel may hold of a connection's answer beyond what is in flight (TCP_NOTSENT_LOWAT): it grows a send
+# buffer to megabytes whatever the reader's window, and took the whole 1.5 MB Swagger UI bundle into each slow
+# reader's (3.7 MB of kernel memory, and the event loop's time to copy it: 2,000 of them held /health/live 8 s).
+# In-flight bytes are not counted, and uvloop refills it from its own buffer without Python, so a fast reader's
+# throughput is not bounded by it (a 40 MB answer took 1.3 s here with 16 KB or 128 KB).
+UNSENT_BYTES = 16 << 10
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's number, where Python does not name it
 
 
 class _HeadRefused(Exception):
@@ -45,8 +59,17 @@ class BoundedHttpProtocol(HttpToolsProtocol):
       so a trailer `Authorization` passed the key check); they count against the header bounds.
     - a client that closes its sending side: by default it is taken as gone (its request is cancelled, as
       nginx does); with `answer_half_closed` it still gets its answer (TCP cannot tell the two apart).
+    - connections: at most `caps` allow, in all and from one address (service/api/connections.py); one past them
+      is answered 503 and closed at once.
+    - turns: each request is started in its address's turn (`turns`), so that one address's many connections
+      cannot fill the event loop's turns; `GET /health/live` is answered outside them, by the protocol itself,
+      as soon as the connection's requests before it are.
+    - upgrades: a WebSocket upgrade is refused (400) before anything logs it (the server serves none: uvicorn ran
+      with `ws="none"`); another upgrade (h2c) is ignored, its request answered as HTTP/1.1 and the connection
+      closed after it (httptools parses nothing after an upgrade). Nothing is logged for either.
 
-    Refusals are JSON `{"detail": ...}` like the service's own, and close the connection."""
+    Refusals are JSON `{"detail": ...}` like the service's own, and close the connection. What a client makes it
+    log is bounded per address (`address_log`)."""
 
     head_timeout_s = 10.0
     max_header_bytes = 16384
@@ -54,13 +77,17 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     max_pipelined = 16
     write_timeout_s = 30.0
     answer_half_closed = False
+    caps: ConnectionCaps | None = None  # None: no caps
+    turns: RequestTurns | None = None  # None: each request starts at once
+    trusted = Trusted([])  # the reverse proxies whose X-Forwarded-For names the client
+    address_log = AddressLog(log)
 
     @classmethod
     def configured(cls, **bounds) -> type[BoundedHttpProtocol]:
         """This protocol with these bounds (uvicorn makes one per connection from the class it is given)."""
         unknown = set(bounds) - {
             "head_timeout_s", "max_header_bytes", "max_headers", "max_pipelined", "write_timeout_s",
-            "answer_half_closed",
+            "answer_half_closed", "caps", "turns", "trusted", "address_log",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"not a bound of the protocol: {', '.join(sorted(unknown))}")
@@ -78,15 +105,45 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._running: RequestResponseCycle | None = None  # the request being answered
         self._trailers = 0  # fields of the trailer of the body in progress
         self._write_timer: asyncio.TimerHandle | None = None
+        self._peer = ""  # the connection's address
+        self._turned_away = False  # refused by the connection caps: closed at once, nothing read
 
     # -- the connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.flow = _PipelineFlow(transport, self)
+        self._peer = self.client[0] if self.client else ""
+        if self.caps is not None and (refused := self.caps.admit(self, self._peer)):
+            self._turn_away(refused)
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):  # a kernel without it: the send buffer's own bound
+                sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, UNSENT_BYTES)
         self._arm_head_timer()
 
+    def _turn_away(self, detail: str) -> None:
+        """Answer 503 and close at once: the connection is over a cap (its descriptor is freed now)."""
+        self._turned_away = True
+        body = orjson.dumps({"detail": detail})
+        head = [STATUS_LINE[503], b"retry-after: 1\r\ncontent-type: application/json\r\n"]
+        head += [b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)]
+        self.transport.write(b"".join([*head, body]))
+        self.transport.close()
+
+    def idle(self) -> bool:
+        """No request in progress: connected and nothing sent yet, or idle between requests."""
+        return not (self._in_head or self._answering() or self._unparsed or self._refusal or self._turned_away)
+
+    def close_idle(self) -> None:
+        """Closed to make room for another connection (the caps' limit in all is reached)."""
+        self._cancel_head_timer()
+        self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.caps is not None:
+            self.caps.release(self, self._peer)
         self._cancel_head_timer()
         self._cancel_write_timer()
         # uvicorn marks only the request parsed last as disconnected: the one being answered (when others were
@@ -109,7 +166,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
-        if self._refusal is not None:
+        if self._refusal is not None or self._turned_away:
             return  # a bad request came: nothing after it is read, and its answer waits for those before it
         self._unparsed += data
         self._parse()
@@ -152,6 +209,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app) -> None:
         self._running = cycle
+        scope = cycle.scope
+        if scope["method"] in ("GET", "HEAD") and scope["path"] == self.root_path + LIVE_PATH:
+            super()._start_asgi_task(cycle, _live)  # outside the turns, and the app's middleware
+        elif self.turns is None:
+            super()._start_asgi_task(cycle, app)
+        else:
+            address = self.trusted.client(self._peer, scope["headers"])
+            self.turns.start(address, lambda: self._start_in_turn(cycle, app))
+
+    def _start_in_turn(self, cycle: RequestResponseCycle, app) -> None:
+        if cycle.disconnected or self.transport.is_closing():
+            return  # the client went while the request waited for its turn: nothing to answer
         super()._start_asgi_task(cycle, app)
 
     def on_response_complete(self) -> None:
@@ -188,7 +257,13 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _write_timed_out(self) -> None:
         self._write_timer = None
         if not self.transport.is_closing():
-            log.info("closed a connection whose answer was not read for %g s", self.write_timeout_s)
+            self.address_log.info(
+                "write_timeout",
+                self._peer,
+                "closed a connection whose answer was not read for %g s (from %s)",
+                self.write_timeout_s,
+                self._peer,
+            )
             # Reset, not closed: a close would leave the kernel holding what is unsent (megabytes) behind its FIN
             # for as long as the client does not read it.
             sock = self.transport.get_extra_info("socket")
@@ -225,10 +300,22 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade() and self._get_upgrade() == b"websocket":
+            self._head_refusal = (400, "upgrade: this server speaks no WebSocket; send plain HTTP/1.1 requests")
+            raise _HeadRefused  # answered after the requests before it, as a bad head is
         self._in_head = False
         self._trailers = len(self.headers)
         self._cancel_head_timer()
         super().on_headers_complete()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # An upgrade other than WebSocket's (h2c): its request is answered as HTTP/1.1, which RFC 9110 allows, and
+        # then the connection is closed, since httptools parses nothing after it. uvicorn logged two warnings per
+        # request here.
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+        elif not self._answering():
+            self.transport.close()
 
     # -- bounds
 
@@ -292,6 +379,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # a moment, then close.
         self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.close)
+
+
+async def _live(scope, receive, send) -> None:
+    """/health/live's answer, as the route gives it, without the app's middleware or turns: the process is up; with
+    its X-Request-Id, as every answer the app gives (service/api/request_id.py)."""
+    length = b"%d" % len(LIVE)
+    rid = request_id([value for name, value in scope["headers"] if name == HEADER]).encode("ascii")
+    headers = [(b"content-type", b"application/json"), (b"content-length", length), (HEADER, rid)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else LIVE})
 
 
 class _PipelineFlow(FlowControl):

@@ -13,9 +13,13 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.middleware.proxy_headers import _TrustedHosts
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.api.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
+from service.api.log_bounds import AddressLog
 from service.api.protocol import BoundedHttpProtocol
+from service.metrics import Metrics
 from service.settings import Settings
 
 log = logging.getLogger("elmo.service")
@@ -25,11 +29,13 @@ UVICORN_TESTED = ((0, 54), (0, 55))
 # What of uvicorn's internals the protocol and the server override or call.
 INTERNALS = {
     HttpToolsProtocol: (
-        "_unset_keepalive_if_required", "_should_upgrade", "handle_websocket_upgrade", "_unsupported_upgrade_warning",
-        "_start_asgi_task", "on_response_complete", "on_message_begin", "on_url", "on_header", "on_headers_complete",
+        "_unset_keepalive_if_required", "_should_upgrade", "_get_upgrade", "handle_websocket_upgrade",
+        "_unsupported_upgrade_warning", "_start_asgi_task", "on_response_complete", "on_message_begin", "on_url",
+        "on_header", "on_headers_complete",
         "pause_writing", "resume_writing", "eof_received", "connection_lost", "connection_made", "data_received",
     ),
     uvicorn.Server: ("handle_exit", "shutdown", "_wait_tasks_to_complete"),
+    _TrustedHosts: ("__contains__", "get_trusted_client_address"),
 }  # fmt: skip
 
 
@@ -52,8 +58,11 @@ def uvicorn_problem(version: str = uvicorn.__version__) -> str | None:
     return None
 
 
-def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None]) -> bool:
+def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metrics: Metrics | None = None) -> bool:
     """Serve `app` until a stop signal (then drain: `on_signal` first); whether it started."""
+    caps = connection_caps(settings, metrics or Metrics())
+    app.state.connections = caps  # /info shows the caps in force
+    trusted = settings.forwarded_allow_ips
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -62,6 +71,10 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None]) -> bo
         # JSON: uvicorn's lines through the process's one handler (service/logs.py); text: uvicorn's own format
         **({"log_config": None} if settings.log_format == "json" else {}),
         access_log=False,  # the service's own access line, with the request id: ELMO_ACCESS_LOG
+        ws="none",  # no route is a WebSocket: an upgrade is refused by the protocol before anything logs it
+        # X-Forwarded-For only from the proxies named (uvicorn's default trusts 127.0.0.1's: any local process's)
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted,
         timeout_graceful_shutdown=settings.drain_s,
         timeout_keep_alive=settings.keep_alive_s,
         http=BoundedHttpProtocol.configured(
@@ -71,11 +84,41 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None]) -> bo
             max_pipelined=settings.max_pipelined,
             write_timeout_s=settings.write_timeout_s,
             answer_half_closed=settings.answer_half_closed,
+            caps=caps,
+            turns=RequestTurns(),
+            trusted=caps.trusted,
+            address_log=caps.address_log,
         ),
     )
     server = DrainingServer(config, on_signal=on_signal)
     server.run()
     return server.started
+
+
+def connection_caps(settings: Settings, metrics: Metrics) -> ConnectionCaps:
+    """The connections' caps in force: the soft open-files limit raised to the hard one first, the caps below it."""
+    before, open_files = raise_open_files()
+    limit = connection_limit(open_files, settings.max_connections)
+    per_client = min(settings.max_connections_per_client, max(1, limit // 2))  # others keep half at least
+    raised = f"raised from {before} to {open_files}" if open_files != before else f"{open_files}"
+    log.info(
+        "open files: %s; connections: at most %d, %d from one address%s",
+        raised,
+        limit,
+        per_client,
+        f" (ELMO_MAX_CONNECTIONS={settings.max_connections} is over what the open-files limit allows)"
+        if settings.max_connections > limit
+        else "",
+    )
+    caps = ConnectionCaps(
+        limit,
+        per_client,
+        Trusted(settings.forwarded_allow_ips),
+        AddressLog(log),
+        refused=lambda reason: metrics.connections_refused.labels(reason).inc(),
+    )
+    metrics.connections.set_function(lambda: caps.count)
+    return caps
 
 
 class DrainingServer(uvicorn.Server):

@@ -5,6 +5,10 @@
   (`LargerThanQueue`: 413). The queue is one FIFO per client (its address), taken from in turns, a sentence of each
   at a time: a client that sends many long requests at once delays another's small one by a sentence of its
   own, not by all of them (one client on 4 connections pushed a small request's median to 7 s).
+* A full queue is shared fairly: a client within its share (the queue's size over the clients waiting, itself
+  included) that does not fit pushes out the newest waiting requests of the client holding the most, which get
+  the QueueFull instead; a client over its share gets it itself. So one address's flood fills its own share and
+  gets the 503s, and another's request is taken (longest queue drop); a client alone may fill the whole queue.
 * One engine thread runs continuous batching (service/batching/in_flight.py): every call advances each sentence in
   flight by a window of positions, and between calls finished sentences are answered and waiting ones join,
   in queue order, as long as the tokens in flight stay within the token budget (at least one sentence always
@@ -22,6 +26,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -64,9 +69,10 @@ class QueueFull(Overloaded):
 class LargerThanQueue(TooLarge):
     """The request is larger than the whole queue: it can never be taken, so retrying is no use."""
 
-    def __init__(self, tokens: int, limit: int, field: str | None = None):
+    def __init__(self, tokens: int, limit: int, field: str | None = None, at_least: bool = False):
+        counted = f"at least {tokens}" if at_least else str(tokens)
         super().__init__(
-            f"{tokens} tokens with 2 boundary tokens per sentence; the limit is {limit} per request (the queue size)",
+            f"{counted} tokens with 2 boundary tokens per sentence; the limit is {limit} per request (the queue size)",
             field,
         )
 
@@ -178,7 +184,7 @@ class Batcher:
             raise LargerThanQueue(entry.tokens, self.queue_tokens)
         with self._cond:
             if self._queued_tokens + entry.tokens > self.queue_tokens:
-                raise QueueFull(f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens")
+                self._push_out(client, entry.tokens)  # or QueueFull
             self._queue.extend(client, ((entry, i) for i in range(len(sentences))))
             self._queued_tokens += entry.tokens
             self._cond.notify()
@@ -190,6 +196,36 @@ class Batcher:
                 with self._cond:  # one pass over its client's queue, however many of its sentences wait
                     self._queued_tokens -= self._queue.remove(entry)
                     entry.waiting = 0
+
+    def _push_out(self, client: str, tokens: int) -> None:
+        """Make room for `tokens` of `client` in the full queue by refusing the newest waiting requests of the
+        clients holding the most, if `client` stays within its share; QueueFull otherwise (called on the event
+        loop, with the lock held)."""
+        held = self._queue.tokens_by_client
+        mine = held.get(client, 0)
+        share = self.queue_tokens // (len(held) + (client not in held))
+        full = f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens"
+        if mine + tokens > share:
+            raise QueueFull(f"{full}, {mine} of them from your address, whose share is {share} now")
+        need, others, victims = self._queued_tokens + tokens - self.queue_tokens, dict(held), []
+        others.pop(client, None)
+        while need > 0 and others:
+            most = max(others, key=others.__getitem__)
+            victim = self._queue.newest_whole(most, len([v for v in victims if v.client == most]))
+            if victim is None or others[most] <= share:
+                del others[most]  # nothing of it may go: the next largest
+                continue
+            victims.append(victim)
+            others[most] -= victim.tokens
+            need -= victim.tokens
+        if need > 0:
+            raise QueueFull(f"{full}, and no request of another client above its share ({share}) waits whole")
+        for victim in victims:
+            self._queued_tokens -= self._queue.remove(victim)
+            victim.waiting = 0
+            victim.future.set_exception(
+                QueueFull(f"{full}: your address held more than its share ({share}) when another's request came")
+            )
 
     # ---- the engine thread -------------------------------------------------------------------------------
 
@@ -373,6 +409,7 @@ class _Turns:
     def __init__(self) -> None:
         self._by_client: dict[str, deque[Item]] = {}  # in turn order: the next to take from first
         self._count = 0
+        self.tokens_by_client: dict[str, int] = {}  # the tokens each client's waiting sentences hold
 
     def __len__(self) -> int:
         return self._count
@@ -382,6 +419,28 @@ class _Turns:
         before = len(queue)
         queue.extend(items)
         self._count += len(queue) - before
+        self._hold(client, sum(_tokens(item) for item in itertools.islice(queue, before, None)))
+
+    def _hold(self, client: str, tokens: int) -> None:
+        if left := self.tokens_by_client.get(client, 0) + tokens:
+            self.tokens_by_client[client] = left
+        else:
+            self.tokens_by_client.pop(client, None)
+
+    def newest_whole(self, client: str, skip: int = 0) -> _Entry | None:
+        """The newest request of `client` none of whose sentences has left the queue, after its `skip` newest
+        ones; None if there is none (its older ones are being taken)."""
+        seen: _Entry | None = None
+        for entry, _ in reversed(self._by_client.get(client, ())):
+            if entry is seen:
+                continue
+            seen = entry
+            if entry.waiting != len(entry.sentences) or entry.gone:
+                return None
+            if skip == 0:
+                return entry
+            skip -= 1
+        return None
 
     def next(self) -> Item:
         """The sentence whose turn it is (the queue is not empty)."""
@@ -395,6 +454,7 @@ class _Turns:
         if queue:
             self._by_client[client] = queue
         self._count -= 1
+        self._hold(client, -_tokens(item))
         return item
 
     def oldest(self) -> float:
@@ -413,4 +473,5 @@ class _Turns:
             self._by_client[entry.client] = kept
         else:
             del self._by_client[entry.client]
+        self._hold(entry.client, -freed)
         return freed

@@ -11,7 +11,9 @@ from itertools import islice
 from sacremoses import MosesTokenizer
 from sacremoses.corpus import NonbreakingPrefixes
 
-_ASCII_JUNK = re.compile(r"[\x00-\x1f]")  # what Moses deletes once whitespace is made single spaces
+# A word by whitespace that keeps a character once Moses has deleted the ASCII control characters (it makes
+# whitespace single spaces first): from its first such character to the word's end, so each is matched once.
+_WORD = re.compile(r"[^\s\x00-\x1f]\S*")
 # A run of the characters Moses keeps together (its own IsAlnum class), or any one other visible character.
 _PIECE = re.compile(rf"[{MosesTokenizer.IsAlnum}]+|[^{MosesTokenizer.IsAlnum}\s]")
 
@@ -47,11 +49,12 @@ def tokenize(text: str, language: str = "en") -> list[str]:
     return _moses(language).tokenize(text, escape=False, aggressive_dash_splits=False)
 
 
-def min_tokens(text: str) -> int:
-    """A lower bound on len(tokenize(text)), in linear time: Moses first turns whitespace into single
-    spaces and deletes the other ASCII control characters, then only ever splits words further. A request
-    over a limit is refused with this before any (much slower) tokenization."""
-    return len(_ASCII_JUNK.sub("", " ".join(text.split())).split())
+def min_tokens(text: str, stop: int | None = None) -> int:
+    """A lower bound on len(tokenize(text)), in linear time, counted no further than `stop`: Moses first turns
+    whitespace into single spaces and deletes the other ASCII control characters, then only ever splits words
+    further, so its words left with a character each are at least that many tokens. A request over a limit is
+    refused with this before any (much slower) tokenization."""
+    return sum(1 for _ in islice(_WORD.finditer(text), stop))
 
 
 def max_tokens(text: str, stop: int | None = None) -> int:

@@ -413,3 +413,81 @@ def test_a_half_closed_client_is_answered_where_the_setting_asks(tiny_model_dir,
     (tmp_path / "gone").mkdir()
     with running_server(tiny_model_dir, tmp_path / "gone") as server:
         assert half_closed_post(server.port, body) == (0, b"")  # the default: taken as gone, as nginx does
+
+
+# The queue holds 1000 tokens; the engine waits up to 6 s for a batch of 2000 tokens before it starts: requests stay
+# queued meanwhile.
+FAIR = {"ELMO_QUEUE_TOKENS": "1000", "ELMO_BATCH_TOKENS": "2000", "ELMO_MAX_WAIT_MS": "6000"}
+
+
+def test_a_full_queue_takes_another_address_s_request_and_refuses_the_flood_s(tiny_model_dir, tmp_path, engine):
+    # Admission was global: a flood from one address filled the queue, and other addresses' small requests got 503
+    # (2-3% of them under wrk -c1000). Now the full queue is shared: a request within its address's share pushes
+    # out the flood's newest one, which gets the 503 instead.
+    flood = [[[f"w{k}"] * 48] * 2 for k in range(10)]  # 10 requests of 100 tokens: the whole queue
+    own = ["another", "address", "'s", "request"]
+    with (
+        running_server(tiny_model_dir, tmp_path, FAIR) as server,
+        httpx.Client(base_url=server.url) as client,
+        httpx.Client(
+            transport=httpx.HTTPTransport(local_address="127.0.0.2"), base_url=server.url, timeout=30
+        ) as flooder,
+        httpx.Client(
+            transport=httpx.HTTPTransport(local_address="127.0.0.3"), base_url=server.url, timeout=30
+        ) as other,
+        ThreadPoolExecutor(11) as pool,
+    ):
+        flooding = [pool.submit(flooder.post, "/embed", json={"sentences": r, "pooling": "mean"}) for r in flood]
+        deadline = time.monotonic() + 2
+        while counter(client, "elmo_queue_tokens") < 1000:  # all of them queued: the queue is full
+            assert time.monotonic() < deadline, "the flood never filled the queue"
+            time.sleep(0.02)
+        taking = pool.submit(other.post, "/embed", json={"sentences": [own], "output": "layers"})
+        while counter(client, "elmo_queue_tokens") != 906:  # the flood's newest request out, the other's in
+            assert time.monotonic() < deadline + 2, "the other address's request was not queued"
+            time.sleep(0.02)
+        start = time.monotonic()
+        refused_again = flooder.post("/embed", json={"sentences": [["more"] * 98]})  # over its share (half) now
+        live = client.get("/health/live")
+        live_s = time.monotonic() - start
+        flooded, taken = [future.result() for future in flooding], taking.result()
+    assert taken.status_code == 200, taken.text
+    (item,) = taken.json()["data"]
+    np.testing.assert_allclose(np.asarray(item["embedding"]), engine.run([own])[0], rtol=0, atol=1e-6)
+    assert sorted(response.status_code for response in flooded) == [200] * 9 + [503]
+    (pushed_out,) = [response for response in flooded if response.status_code == 503]
+    assert pushed_out.headers["retry-after"] == "1"
+    assert "your address held more than its share (500) when another's request came" in pushed_out.json()["detail"]
+    assert refused_again.status_code == 503
+    assert refused_again.json()["detail"].endswith("900 of them from your address, whose share is 500 now; retry later")
+    assert live.status_code == 200 and live_s < 5  # answered while the queue is held full
+
+
+def unread_from(address: str, port: int, body: bytes = LARGE) -> socket.socket:
+    """A POST from `address` whose answer is never read."""
+    sock = socket.create_connection(("127.0.0.1", port), source_address=(address, 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_one_address_holds_at_most_its_share_of_the_answers(tiny_model_dir, tmp_path):
+    # The answers being made or sent were bounded together only: one address's flood of large answers held all of
+    # the budget, and other addresses' small requests got 503.
+    settings = {**UNREAD, "ELMO_MAX_ANSWERS_INFLIGHT_BYTES": str(32 << 20),
+                "ELMO_MAX_ANSWERS_INFLIGHT_BYTES_PER_CLIENT": str(8 << 20)}  # fmt: skip
+    with running_server(tiny_model_dir, tmp_path, settings) as server, httpx.Client(base_url=server.url) as client:
+        unread = unread_from("127.0.0.2", server.port)  # 7.4 MB of its 8 MiB
+        deadline = time.monotonic() + 30
+        while counter(client, "elmo_answer_bytes_held") < 7_000_000:
+            assert time.monotonic() < deadline, "the answer was never made"
+            time.sleep(0.05)
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), base_url=server.url) as same:
+            again = same.post("/embed", content=LARGE, headers={"content-type": "application/json"})
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"), base_url=server.url) as other:
+            elsewhere = other.post("/embed", content=LARGE, headers={"content-type": "application/json"})
+        unread.close()
+    assert again.status_code == 503 and again.headers["retry-after"] == "1"
+    assert again.json()["detail"].startswith("overloaded: answers being made or sent to your address hold")
+    assert elsewhere.status_code == 200 and len(elsewhere.json()["data"]) == 9

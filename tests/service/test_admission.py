@@ -87,3 +87,31 @@ def test_the_body_budget_bounds_the_total_and_each_address():
     assert "bodies in flight hold 100 of 100" in budget.take("c", 1)
     budget.give_back("a", 60)
     assert budget.by_client == {"b": 40} and budget.held == 40
+
+
+def test_a_request_over_the_queue_however_truncate_cuts_it_is_refused_before_the_upper_bound(admission, monkeypatch):
+    # 100 texts of 16,000 words with truncate: each is cut to the limit, and still they are over the queue. Refused on
+    # the words by whitespace (counted to the limit each), before the upper bound reads 16 times the limit of each.
+    from service import admission as module
+
+    admission.settings.max_text_chars, admission.settings.max_sentences = 200_000, 100
+    monkeypatch.setattr(module, "max_tokens", lambda *_, **__: pytest.fail("the upper bound was counted"))
+    with pytest.raises(TooLarge) as refused:
+        admission.before_tokenizing(["word " * 16_000] * 100, "sentences", truncate=True)
+    assert refused.value.detail == (
+        "sentences: at least 1200 tokens with 2 boundary tokens per sentence; the limit is 40 per request (the queue "
+        "size)"
+    )
+    assert refused.value.field == "sentences"
+
+
+def test_the_answer_budget_bounds_each_address_too():
+    budget = AnswerBudget(100, per_client=60)
+    budget.take(60, "a")
+    with pytest.raises(Overloaded, match="to your address hold 60 of 60 bytes"):
+        budget.take(1, "a")
+    budget.take(40, "b")  # another address still has the rest
+    with pytest.raises(Overloaded, match="answers being made or sent hold 100 of 100 bytes"):
+        budget.take(1, "c")
+    budget.give_back(60, "a")
+    assert budget.by_client == {"b": 40} and budget.held == 40

@@ -142,3 +142,23 @@ def test_unknown_variables_are_named_with_the_closest_setting():
         "ELMO_FOO is not a setting and is ignored: the settings are listed in README.md, Configuration",
         "elmo_windw is not a setting and is ignored: did you mean ELMO_WINDOW?",
     ]  # ELMO_URL and ELMO_API_KEY: elmo_client's, set where a client runs
+
+
+def test_forwarded_headers_are_trusted_only_from_addresses_or_networks_named(monkeypatch):
+    assert Settings().forwarded_allow_ips == []  # none by default: uvicorn's own default trusted 127.0.0.1
+    monkeypatch.setenv("ELMO_FORWARDED_ALLOW_IPS", " 10.0.0.0/8, 127.0.0.1,::1 ")
+    assert Settings().forwarded_allow_ips == ["10.0.0.0/8", "127.0.0.1", "::1"]
+    for value, reason in (("*", "'*' would trust any peer's X-Forwarded-For"), ("proxy.local", "neither an IP")):
+        monkeypatch.setenv("ELMO_FORWARDED_ALLOW_IPS", value)
+        with pytest.raises(ValidationError) as refused:
+            Settings()
+        (line,) = invalid_settings(refused.value)
+        assert line.startswith(f"ELMO_FORWARDED_ALLOW_IPS={value!r}: ") and reason in line, line
+
+
+def test_an_address_s_answer_budget_holds_a_largest_answer(monkeypatch):
+    monkeypatch.setenv("ELMO_MAX_ANSWERS_INFLIGHT_BYTES_PER_CLIENT", str(32 << 20))
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    (line,) = invalid_settings(refused.value)
+    assert line.startswith("ELMO_MAX_ANSWERS_INFLIGHT_BYTES_PER_CLIENT (33554432) is below ELMO_MAX_ANSWER_BYTES")

@@ -549,3 +549,37 @@ def test_clients_take_turns(engine):
         assert_own_rows(engine, sentences, got)
     a = [*a1, *a2]
     assert in_flight.admitted == [BLOCKER, a[0], b[0], c[0], a[1], b[1], *a[2:]]
+
+
+def test_a_full_queue_is_shared_a_flood_gets_its_own_503s(engine):
+    # The queue holds 40 tokens; client a fills it with four requests of 10 tokens. b's request, within its share
+    # (half, with two clients waiting), pushes out a's newest one, which gets the QueueFull instead; a, over its
+    # share, is refused itself; c then takes a's next newest. Each answered request still gets its own rows.
+    eight = ["w"] * 8  # 10 tokens with its boundaries
+    mine = [[*eight[:7], f"a{k}"] for k in range(4)]
+
+    async def main():
+        batcher, in_flight, _ = make(engine, queue_tokens=40)
+        blocker = await start_blocked(batcher, in_flight)
+        a = [asyncio.ensure_future(batcher.embed([s], "a")) for s in mine]
+        await wait_until(lambda: batcher.queued_tokens == 40)
+        b = asyncio.ensure_future(batcher.embed([["b"] * 8], "b"))
+        await wait_until(lambda: a[3].done())
+        with pytest.raises(QueueFull, match=r"queue holds 40 of 40 tokens: your address held more than its share"):
+            a[3].result()
+        with pytest.raises(QueueFull, match=r"30 of them from your address, whose share is 20 now"):
+            await batcher.embed([["again"]], "a")
+        c = asyncio.ensure_future(batcher.embed([["c"] * 3], "c"))  # 5 tokens, within a third
+        await wait_until(lambda: a[2].done())
+        with pytest.raises(QueueFull):
+            a[2].result()
+        assert batcher.queued_tokens == 35 and len(in_flight.windows) == 1  # refused at once: nothing else ran
+        in_flight.release()
+        results = await asyncio.gather(blocker, a[0], a[1], b, c)
+        await batcher.stop()
+        return results[1:]
+
+    a0, a1, b, c = run(main)
+    assert_own_rows(engine, mine[:2], [*a0, *a1])
+    assert_own_rows(engine, [["b"] * 8], b)
+    assert_own_rows(engine, [["c"] * 3], c)

@@ -1,0 +1,49 @@
+"""What clients can make the server log, bounded: a line of each kind at most every `every_s` seconds per client
+address, and `per_window` lines of a kind every `every_s` over all addresses; what is held back is counted, and
+the next line of its kind says how many. Without a bound, each refused connection or reset slow reader was a line,
+and an attacker sets the log's growth (5,000 upgrade requests once wrote 40 MB in 3 s). No line holds request
+text: a kind's lines are written by the server, with the address and counts only."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+EVERY_S = 10.0
+PER_WINDOW = 20  # lines of one kind over all addresses every EVERY_S
+MAX_ADDRESSES = 10_000  # addresses remembered; past it, those not heard from for EVERY_S are forgotten
+
+
+class AddressLog:
+    def __init__(self, logger: logging.Logger, every_s: float = EVERY_S, per_window: int = PER_WINDOW):
+        self.logger, self.every_s, self.per_window = logger, every_s, per_window
+        self._last: dict[tuple[str, str], float] = {}  # (kind, address): when its last line was written
+        self._held: dict[tuple[str, str], int] = {}  # (kind, address): lines held back since
+        self._window: dict[str, tuple[float, int, int]] = {}  # kind: (window start, lines written, held back)
+
+    def info(self, kind: str, address: str, message: str, *args) -> bool:
+        """Log `message % args` at INFO for `address`, unless its kind's bounds hold it back; whether it was."""
+        now = time.monotonic()
+        key = (kind, address)
+        start, written, held_all = self._window.get(kind, (now, 0, 0))
+        if now - start >= self.every_s:
+            start, written = now, 0
+        if now - self._last.get(key, -self.every_s) < self.every_s or written >= self.per_window:
+            self._held[key] = self._held.get(key, 0) + 1
+            self._window[kind] = (start, written, held_all + 1)
+            return False
+        if len(self._last) >= MAX_ADDRESSES:
+            self._forget(now)
+        self._last[key] = now
+        held = self._held.pop(key, 0)
+        suffix = ""
+        if held or held_all:
+            suffix = f" (and {held} more from this address, {held_all} from all, not logged since the last such line)"
+        self._window[kind] = (start, written + 1, 0)
+        self.logger.info(message + suffix, *args)
+        return True
+
+    def _forget(self, now: float) -> None:
+        for key in [key for key, last in self._last.items() if now - last >= self.every_s]:
+            del self._last[key]
+            self._held.pop(key, None)
