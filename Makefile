@@ -118,15 +118,16 @@ train-default: $(CORPUS)/train.txt
 # nice 19, about 2.75 hours of one core a pass. It writes a checkpoint every 5 minutes and build/train-cpu/passes/N/
 # after each pass; it stops at a checkpoint after TRAIN_MINUTES (default: no limit), and the same command resumes
 # it. train-cpu-detached starts (or resumes) it in the background, its log in build/train-cpu.log.
-# Needs make corpus-packages.
+# Needs make corpus-packages. The corpus is an order-only prerequisite: built when missing, never rebuilt under a
+# run that is resumed (`make corpus` rebuilds it on purpose).
 CORPUS_ALL := build/corpus-all
 TRAIN_MINUTES ?=
 TRAIN_CPU := nice -n 19 $(BIN)/elmo-train --corpus $(CORPUS_ALL)/train/*.txt --heldout $(CORPUS_ALL)/heldout/*.txt \
 	--out build/train-cpu --config cpu-base --threads 1 $(if $(TRAIN_MINUTES),--max-minutes $(TRAIN_MINUTES))
-train-cpu: $(CORPUS_ALL)/manifest.json
+train-cpu: | $(CORPUS_ALL)/manifest.json
 	$(TRAIN_CPU)
 
-train-cpu-detached: $(CORPUS_ALL)/manifest.json
+train-cpu-detached: | $(CORPUS_ALL)/manifest.json
 	setsid nohup $(TRAIN_CPU) >>build/train-cpu.log 2>&1 </dev/null &
 	@echo "training in the background: tail -f build/train-cpu.log; stop it at a checkpoint: pkill -TERM -f 'elmo-train.*train-cpu'"
 
