@@ -112,11 +112,16 @@ def parse_data_line(line: str, pos: str) -> Synset | None:
     return Synset(pos[0] + fields[0], lemmas, definitions, examples)
 
 
+def _require(path: Path, package: str) -> None:
+    """A source's files come from a Debian package: say which one when they are missing."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: install the Debian package {package}")
+
+
 def read_wordnet(wordnet_dir: Path = WORDNET_DIR) -> Iterator[Synset]:
     for pos in PARTS_OF_SPEECH:
         path = wordnet_dir / f"data.{pos}"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found: install the Debian package wordnet-base")
+        _require(path, "wordnet-base")
         with path.open(encoding="utf-8", errors="replace") as f:
             for line in f:
                 synset = parse_data_line(line.rstrip("\n"), pos)
@@ -190,8 +195,7 @@ def parse_gcide_entry(lines: list[str]) -> tuple[str, list[str]]:
 
 def read_gcide(path: Path = GCIDE) -> Iterator[Unit]:
     """Entries of the dictd file; the database's own header entries (00-database-*) are skipped."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: install the Debian package dict-gcide")
+    _require(path, "dict-gcide")
     entry: list[str] = []
     with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:  # dictzip is gzip
         for line in f:
@@ -416,8 +420,7 @@ PERL_PODS = Path("/usr/share/perl/5.36/pod")
 
 
 def read_linux(root: Path = LINUX_DOCS) -> Iterator[Unit]:
-    if not root.exists():
-        raise FileNotFoundError(f"{root} not found: install the Debian package linux-doc-6.1")
+    _require(root, "linux-doc-6.1")
     yield from _read_files(sorted(root.rglob("*.rst.gz")), root, rst_paragraphs)
     yield from _read_files(sorted(root.rglob("*.txt.gz")), root, plain_paragraphs)
 
@@ -426,14 +429,12 @@ GIT_DOCS = Path("/usr/share/doc/git-doc")
 
 
 def read_git(root: Path = GIT_DOCS) -> Iterator[Unit]:
-    if not root.exists():
-        raise FileNotFoundError(f"{root} not found: install the Debian package git-doc")
+    _require(root, "git-doc")
     yield from _read_files(sorted(root.rglob("*.txt")), root, plain_paragraphs)
 
 
 def read_python(root: Path = PYTHON_DOCS) -> Iterator[Unit]:
-    if not root.exists():
-        raise FileNotFoundError(f"{root} not found: install the Debian package python3.11-doc")
+    _require(root, "python3.11-doc")
     yield from _read_files(sorted(root.rglob("*.rst.txt")), root, rst_paragraphs)
 
 
@@ -443,8 +444,7 @@ PERL_MODULES = Path("/usr/share/perl/5.36.0")
 def read_perl(root: Path = PERL_PODS, modules: Path = PERL_MODULES) -> Iterator[Unit]:
     """perlfunc, perlsyn and the rest of the manual (perl-doc), then the POD of the standard modules
     (perl-modules-5.36)."""
-    if not root.exists():
-        raise FileNotFoundError(f"{root} not found: install the Debian package perl-doc")
+    _require(root, "perl-doc")
     yield from _read_files(sorted(root.glob("*.pod")), root, pod_paragraphs)
     files = sorted(p for p in modules.rglob("*") if p.suffix in (".pm", ".pod") and "pod" not in p.parts[-2:-1])
     yield from _read_files(files, modules, lambda text: pod_paragraphs(pod_of_module(text)))
@@ -492,8 +492,7 @@ POSTGRESQL_DOCS = Path("/usr/share/doc/postgresql-doc-15/html")
 
 
 def read_postgresql(root: Path = POSTGRESQL_DOCS) -> Iterator[Unit]:
-    if not root.exists():
-        raise FileNotFoundError(f"{root} not found: install the Debian package postgresql-doc-15")
+    _require(root, "postgresql-doc-15")
     yield from _read_files(sorted(root.glob("*.html")), root, html_paragraphs)
 
 
@@ -501,8 +500,7 @@ DEBIAN_REFERENCE = Path("/usr/share/debian-reference")
 
 
 def read_debian_reference(root: Path = DEBIAN_REFERENCE) -> Iterator[Unit]:
-    if not root.exists():
-        raise FileNotFoundError(f"{root} not found: install the Debian package debian-reference-en")
+    _require(root, "debian-reference-en")
     yield from _read_files(sorted(root.glob("*.en.html")), root, html_paragraphs)
 
 
@@ -541,8 +539,7 @@ def read_austen() -> Iterator[Unit]:
 
 def read_dictd(path: Path, package: str) -> Iterator[Unit]:
     """A dictd database whose entries are prose paragraphs (The Devil's Dictionary, the Jargon File)."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: install the Debian package {package}")
+    _require(path, package)
     with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
         text = f.read()
     for entry in re.split(r"\n(?=\S)", text):

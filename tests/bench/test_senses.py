@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench.senses import load_occurrences, main, nearest_neighbour_accuracy, nearest_neighbour_outcomes, run
+from tests.bench.examples_file import write_examples
 
 EXAMPLES = [  # (synset, lemmas, sentence, split): WordNet's layout in examples.jsonl
     ("n1", ["bank"], "the bank lent him money", "train"),
@@ -25,13 +26,7 @@ EXAMPLES = [  # (synset, lemmas, sentence, split): WordNet's layout in examples.
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    path = tmp_path_factory.mktemp("senses") / "examples.jsonl"
-    lines = [
-        json.dumps({"synset": s, "lemmas": lemmas, "tokens": text.split(), "split": split})
-        for s, lemmas, text, split in EXAMPLES
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_examples(tmp_path_factory.mktemp("senses") / "examples.jsonl", EXAMPLES)
 
 
 def test_outcomes_are_the_accuracy_query_by_query(examples):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench.syntax import ambiguous_words, load_occurrences, main, probe_layers, ridge_probe, run
+from tests.bench.examples_file import write_examples
 
 EXAMPLES = [  # (synset, lemmas, sentence, split): WordNet's layout in examples.jsonl
     ("n1", ["bank"], "the bank is on the corner", "train"),
@@ -29,13 +30,7 @@ EXAMPLES = [  # (synset, lemmas, sentence, split): WordNet's layout in examples.
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    path = tmp_path_factory.mktemp("syntax") / "examples.jsonl"
-    lines = [
-        json.dumps({"synset": s, "lemmas": lemmas, "tokens": text.split(), "split": split})
-        for s, lemmas, text, split in EXAMPLES
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_examples(tmp_path_factory.mktemp("syntax") / "examples.jsonl", EXAMPLES)
 
 
 def test_occurrences_carry_the_synsets_part_of_speech(examples):
