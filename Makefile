@@ -104,7 +104,7 @@ default-export: install
 # The embedded default model, trained from scratch (README: "Training the default model"): WordNet's glosses
 # (Debian package wordnet-base) as text, then about 70 minutes of elmo-train on one core. Copy the result to
 # models/default/ by hand after reading its model card; the committed card adds by hand the data's licence, the
-# word-sense figures of bench/senses and how the run went.
+# word-sense figures of training/probes/senses and how the run went.
 CORPUS := build/corpus
 $(CORPUS)/train.txt: training/corpus.py training/texts.py | install
 	$(BIN)/python -m training.corpus --out $(CORPUS)

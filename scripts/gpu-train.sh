@@ -12,7 +12,7 @@
 #                               # the finishing call evaluates and puts the model into $OUT
 # Here, after:
 #   scripts/gpu-train.sh fetch DIR   # DIR: the files_at folder of the finishing call -> build/gpu-model/, checked,
-#                                    # its curve plotted, exported, and bench.senses / bench.syntax run on it
+#                                    # its curve plotted, exported, and training.probes.senses / training.probes.syntax run on it
 # Without a sweep (all the time to the published small shape): SWEEP=0 scripts/gpu-train.sh sweep.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -118,16 +118,16 @@ fetch() {  # here, not on the GPU machine
 plot_curve(json.load(open('$to/train_log.json'))['history'], pathlib.Path('$to/training_curve.png'))"
     .venv/bin/elmo-export --options "$to/options.json" --weights "$to/weights.hdf5" --out build/models/gpu-model
     [ -f build/corpus/examples.jsonl ] || .venv/bin/python -m training.corpus --out build/corpus
-    .venv/bin/python -m bench.senses --model build/models/gpu-model --examples build/corpus/examples.jsonl
-    .venv/bin/python -m bench.syntax --model build/models/gpu-model --examples build/corpus/examples.jsonl
+    .venv/bin/python -m training.probes.senses --model build/models/gpu-model --examples build/corpus/examples.jsonl
+    .venv/bin/python -m training.probes.syntax --model build/models/gpu-model --examples build/corpus/examples.jsonl
     # the control: the same architecture with random weights
     .venv/bin/python -c "from model_export.options import load_options; \
 from model_export.weights import random_bilm, write_published_weights; \
 write_published_weights(random_bilm(load_options('$to/options.json'), seed=0), '$to/random-weights.hdf5')"
     .venv/bin/elmo-export --options "$to/options.json" --weights "$to/random-weights.hdf5" \
         --out build/models/gpu-model-random
-    .venv/bin/python -m bench.senses --model build/models/gpu-model-random --examples build/corpus/examples.jsonl
-    .venv/bin/python -m bench.syntax --model build/models/gpu-model-random --examples build/corpus/examples.jsonl
+    .venv/bin/python -m training.probes.senses --model build/models/gpu-model-random --examples build/corpus/examples.jsonl
+    .venv/bin/python -m training.probes.syntax --model build/models/gpu-model-random --examples build/corpus/examples.jsonl
 }
 
 case "${1:-}" in

@@ -21,9 +21,10 @@ figure below), `outcomes.json` (each query's outcome, for the noise) and `onnx/`
   `passes/bigram.json` beside the passes: it does not change between passes), and how far below it the model is;
 - with `--shared-with`, the perplexity on the words that this vocabulary and theirs share (training/evaluate.py):
   the figure that compares models of different vocabularies, such as a pass and today's default model;
-- `bench.senses` (best upper layer on all queries, the same layer on the held-out synsets' queries, layer 0 against
-  its chance rate, each all-queries figure's spread over 20 tie-break seeds) and `bench.syntax` (every layer, on
-  held-out occurrences and on those of ambiguous words), for the model and for the control: the same architecture
+- the senses probe (`training.probes.senses`: best upper layer on all queries, the same layer on the held-out
+  synsets' queries, layer 0 against its chance rate, each all-queries figure's spread over 20 tie-break seeds) and
+  the syntax probe (`training.probes.syntax`: every layer, on held-out occurrences and on those of ambiguous
+  words), for the model and for the control: the same architecture
   with random weights (random_bilm seed 0, the weights the run started from; measured once per architecture and
   cached under `--cache`);
 - with `--allennlp PYTHON`: allennlp 2.10.1's `_ElmoBiLm` (bench/allennlp_baseline.py, stateless, the 200
@@ -38,11 +39,11 @@ figure's own standard error. The tie-break seed's spread (senses: 20 seeds) is r
 "worse beyond the noise" on a figure when the whole 95% interval of (candidate - baseline) is below zero.
 
 `decide` is the shipping rule of issue 29: held-out perplexity >= 30% below the bigram in both directions, and
-not worse than today's model beyond the noise on `bench.senses` (all queries and held-out queries, best upper
-layer) and `bench.syntax` (held-out and ambiguous occurrences, best upper layer), and allennlp's agreement within
+not worse than today's model beyond the noise on the senses probe (all queries and held-out queries, best upper
+layer) and the syntax probe (held-out and ambiguous occurrences, best upper layer), and allennlp's agreement within
 its bar. `table` builds the model card's per-pass table (one row per model) with the comparison and the decision.
 
-This module reads bench/ (bench.senses, bench.syntax, bench/allennlp_baseline.py): it runs from a checkout.
+It runs bench/allennlp_baseline.py (in allennlp's own environment) for allennlp's agreement.
 """
 
 from __future__ import annotations
@@ -62,10 +63,6 @@ import h5py
 import numpy as np
 import torch
 
-from bench.senses import load_occurrences as sense_occurrences
-from bench.senses import sense_rows, sentence_layers
-from bench.syntax import load_occurrences as syntax_occurrences
-from bench.syntax import probe_layer_outcomes
 from model_export.export import export_published
 from model_export.options import load_options
 from model_export.weights import random_bilm, write_published_weights
@@ -73,6 +70,11 @@ from service.cli import embed_main
 from training.bigram import bigram_perplexities
 from training.evaluate import load_language_model, pooled, shared_perplexity, shared_vocabulary
 from training.language_model import TokenTable, perplexity
+from training.probes import senses, syntax
+from training.probes.senses import load_occurrences as sense_occurrences
+from training.probes.senses import sense_rows, sentence_layers
+from training.probes.syntax import load_occurrences as syntax_occurrences
+from training.probes.syntax import probe_layer_outcomes
 from training.trainer import PASS_STATE, finish_pass, read_sentences
 from training.vocab import Vocabulary
 
@@ -193,8 +195,8 @@ def below(model_ppl: dict, bigram_ppl: dict) -> dict:
 
 
 def probes(onnx_dir: Path, examples: Path, threads: int, tie_seeds: int = TIE_SEEDS) -> tuple[dict, dict]:
-    """bench.senses and bench.syntax on an exported model, the sentences embedded once for both: (figures,
-    per-query outcomes)."""
+    """The senses and syntax probes on an exported model, the sentences embedded once for both: (figures, per-query
+    outcomes)."""
     sentences, senses_occ = sense_occurrences(examples)
     _, syntax_occ = syntax_occurrences(examples)
     needed = sorted({o[0] for o in senses_occ} | {o[0] for o in syntax_occ})
@@ -247,9 +249,9 @@ def summarize_syntax(rows: list[dict]) -> dict:
 
 def control(options_path: Path, examples: Path, cache: Path, threads: int) -> tuple[dict, dict]:
     """The probes on the same architecture with random weights (random_bilm seed 0), cached under `cache` per
-    architecture, examples file and version of bench/senses.py and bench/syntax.py."""
+    architecture, examples file and version of training/probes/senses.py and training/probes/syntax.py."""
     shape = json.dumps(load_options(options_path).to_dict(), sort_keys=True)
-    probes_code = "".join(_sha256(REPO / "bench" / name) for name in ("senses.py", "syntax.py"))
+    probes_code = "".join(_sha256(Path(module.__file__)) for module in (senses, syntax))
     key = hashlib.sha256((shape + _sha256(examples) + probes_code).encode())
     folder = cache / f"control-{key.hexdigest()[:12]}"
     figures_path, outcomes_path = folder / "figures.json", folder / "outcomes.json"
@@ -397,8 +399,8 @@ class Decision:
 def decide(baseline: dict, candidate: dict, noise: dict) -> Decision:
     """Issue 29's rule: the candidate replaces the baseline (today's default model) when its held-out perplexity
     is >= 30% below the bigram's in each direction, it is not worse beyond the noise (the 95% interval of the
-    paired difference wholly below zero) on bench.senses (all and held-out queries) and bench.syntax (held-out
-    and ambiguous occurrences), and allennlp agrees with its export within the bar. noise: compare()'s."""
+    paired difference wholly below zero) on the senses probe (all and held-out queries) and the syntax probe
+    (held-out and ambiguous occurrences), and allennlp agrees with its export within the bar. noise: compare()'s."""
     ok, reasons = True, []
     pct = candidate.get("below_bigram")
     if pct is None:
@@ -412,10 +414,10 @@ def decide(baseline: dict, candidate: dict, noise: dict) -> Decision:
             f"({'meets' if met else 'misses'} >= {100 * BELOW_BIGRAM_GOAL:.0f}%)"
         )
     labels = {
-        "senses_all": "bench.senses, all queries",
-        "senses_heldout": "bench.senses, held-out queries",
-        "syntax_heldout": "bench.syntax, held out",
-        "syntax_ambiguous": "bench.syntax, ambiguous words",
+        "senses_all": "training.probes.senses, all queries",
+        "senses_heldout": "training.probes.senses, held-out queries",
+        "syntax_heldout": "training.probes.syntax, held out",
+        "syntax_ambiguous": "training.probes.syntax, ambiguous words",
     }
     for key, label in labels.items():
         d = noise[key]
@@ -474,7 +476,7 @@ def measure(
         figures["shared_perplexity"] = shared_vocabulary_perplexity(folder, shared_with, heldout)
     log("elmo-export")
     onnx_dir = export(folder, work / "onnx")
-    log("bench.senses and bench.syntax")
+    log("training.probes.senses and training.probes.syntax")
     probe_figures, outcomes = probes(onnx_dir, examples, threads)
     figures |= probe_figures
     log("the control: the same architecture with random weights")
@@ -578,10 +580,10 @@ def card_section(baseline: tuple[dict, dict] | None, rows: list[tuple[dict, dict
         "text. A model's own-vocabulary figures compare only with models of the same vocabulary (a smaller one has "
         "fewer words to tell apart); the shared-vocabulary column compares any two: the words both models' "
         "vocabularies hold, the rest one class. Senses: "
-        f"bench.senses, 1-NN same-sense accuracy of the best upper layer on all {s['queries']:,} queries and the "
-        f"same layer on the {s['heldout_queries']} held-out synsets' queries; layer 0 against its chance rate. Syntax: "
-        "bench.syntax, the probe's accuracy per layer on the held-out synsets' occurrences and those of ambiguous "
-        "words (the rule compares the best upper layer on held-out occurrences). Control: the same "
+        f"training.probes.senses, 1-NN same-sense accuracy of the best upper layer on all {s['queries']:,} queries "
+        f"and the same layer on the {s['heldout_queries']} held-out synsets' queries; layer 0 against its chance "
+        "rate. Syntax: training.probes.syntax, the probe's accuracy per layer on the held-out synsets' occurrences and "
+        "those of ambiguous words (the rule compares the best upper layer on held-out occurrences). Control: the same "
         "architecture with random weights. allennlp: max abs error of allennlp 2.10.1's _ElmoBiLm against "
         "elmo-embed on the export, 200 held-out sentences, every layer.",
         "",
@@ -631,7 +633,7 @@ def describe(figures: dict) -> str:
         )
     for title, fig in (("model", figures), ("control (random weights)", figures["control"])):
         s, x = fig["senses"], fig["syntax"]
-        lines.append(f"bench.senses, {title}: {s['queries']} queries ({s['heldout_queries']} held out)")
+        lines.append(f"training.probes.senses, {title}: {s['queries']} queries ({s['heldout_queries']} held out)")
         lines.append(_row("layer", "all", "chance", "tie-break sd", "held-out queries", "chance"))
         for r in s["rows"]:
             tie = f"{r['tie_break']['sd']:.4f}" if "tie_break" in r else ""
@@ -645,7 +647,9 @@ def describe(figures: dict) -> str:
                     _f(r["heldout_chance"]),
                 )
             )
-        lines.append(f"bench.syntax, {title}: {x['test']} held-out occurrences, {x['ambiguous_test']} ambiguous")
+        lines.append(
+            f"training.probes.syntax, {title}: {x['test']} held-out occurrences, {x['ambiguous_test']} ambiguous"
+        )
         lines.append(_row("layer", "held out", "majority", "ambiguous", "majority"))
         for r in x["rows"]:
             lines.append(

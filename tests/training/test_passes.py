@@ -192,7 +192,7 @@ def test_decide_ships_only_when_every_criterion_holds():
     assert decision == Decision(True, decision.reasons) and len(decision.reasons) == 6
     assert "within the noise" in decision.reasons[1] and "better beyond the noise" in decision.reasons[4]
     worse = decide({}, candidate, noise | {"senses_heldout": _noise(-0.05, -0.09, -0.01)})
-    assert not worse.ship and "bench.senses, held-out queries -0.050" in worse.describe()
+    assert not worse.ship and "training.probes.senses, held-out queries -0.050" in worse.describe()
     assert "worse beyond the noise" in worse.describe()
     short = decide({}, candidate | {"below_bigram": {"forward": 29.9, "backward": 30.5}}, noise)
     assert not short.ship and "misses >= 30%" in short.reasons[0]
@@ -219,7 +219,7 @@ def test_measure_cli_compares_with_a_baseline(measured, split, examples, capsys)
                  "--examples", str(examples), "--work", str(work / "2"), "--cache", str(work / "cache"),
                  "--baseline", str(work / "1" / "figures.json")])  # fmt: skip
     printed = capsys.readouterr().out
-    assert code == 0 and "held-out perplexity, zero state" in printed and "bench.senses, model" in printed
+    assert code == 0 and "held-out perplexity, zero state" in printed and "training.probes.senses, model" in printed
     # allennlp's agreement was not measured, so the rule cannot ship it
     assert "do not ship" in printed and "allennlp's agreement not measured" in printed
     decision = json.loads((work / "2" / "decision.json").read_text())

@@ -9,8 +9,8 @@ never saw). Layer 0 (the char-CNN) sees only the word, so on words used in sever
 guess by spelling; the upper layers see the context. `ambiguous` scores only the occurrences of words that the
 examples show in two or more parts of speech, the ones where context must decide.
 
-    python -m bench.syntax --model service/embedded/default --examples build/corpus/examples.jsonl
-    python -m bench.syntax --model build/models/random-control ...   # the same architecture, random weights
+    python -m training.probes.syntax --model service/embedded/default --examples build/corpus/examples.jsonl
+    python -m training.probes.syntax --model build/models/random-control ...   # the same architecture, random weights
 
 Prints a table per layer: accuracy on all held-out occurrences and on the ambiguous ones, with the majority
 class's accuracy beside them.
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.senses import lemma_occurrences, sentence_layers
 from service.settings import DEFAULT_MODEL_DIR
+from training.probes.senses import lemma_occurrences, sentence_layers
 
 POS = {"n": "noun", "v": "verb", "a": "adjective", "s": "adjective", "r": "adverb"}
 RIDGE = 1.0  # L2 penalty, on standardized features

@@ -1,5 +1,6 @@
-"""bench.syntax: the part-of-speech probe per layer, run on the tiny fixture model (whose weights are allennlp's
-test fixture, so its figures mean nothing: the test checks the machinery) and on vectors made for the test."""
+"""training.probes.syntax: the part-of-speech probe per layer, run on the tiny fixture model (whose weights are
+allennlp's test fixture, so its figures mean nothing: the test checks the machinery) and on vectors made for the
+test."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from bench.syntax import ambiguous_words, load_occurrences, main, probe_layers, ridge_probe, run
-from tests.bench.examples_file import write_examples
+from tests.training.probes.examples_file import write_examples
+from training.probes.syntax import ambiguous_words, load_occurrences, main, probe_layers, ridge_probe, run
 
 EXAMPLES = [  # (synset, lemmas, sentence, split): WordNet's layout in examples.jsonl
     ("n1", ["bank"], "the bank is on the corner", "train"),

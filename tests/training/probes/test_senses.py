@@ -1,5 +1,6 @@
-"""bench.senses: the 1-NN same-sense accuracy per layer, on vectors made for the test and on the tiny fixture model
-(whose weights are allennlp's test fixture, so its figures mean nothing: the test checks the machinery)."""
+"""training.probes.senses: the 1-NN same-sense accuracy per layer, on vectors made for the test and on the tiny
+fixture model (whose weights are allennlp's test fixture, so its figures mean nothing: the test checks the
+machinery)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from bench.senses import load_occurrences, main, nearest_neighbour_accuracy, nearest_neighbour_outcomes, run
-from tests.bench.examples_file import write_examples
+from tests.training.probes.examples_file import write_examples
+from training.probes.senses import load_occurrences, main, nearest_neighbour_accuracy, nearest_neighbour_outcomes, run
 
 EXAMPLES = [  # (synset, lemmas, sentence, split): WordNet's layout in examples.jsonl
     ("n1", ["bank"], "the bank lent him money", "train"),

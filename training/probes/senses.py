@@ -5,7 +5,8 @@ occurrence is a query; its nearest other occurrence of that word (cosine of the 
 come from the same synset. Layer 0 is context-free: every occurrence of a word has the same vector, so it can only
 guess (its score is the chance rate, ties broken at random). The sentences are WordNet's, not the tests'.
 
-    python -m bench.senses --model service/embedded/default --examples build/corpus/examples.jsonl [--json FILE]
+    python -m training.probes.senses --model service/embedded/default --examples build/corpus/examples.jsonl \
+        [--json FILE]
 
 `--json` also writes the table's figures; `--tie-seeds N` adds each all-queries figure's spread over N tie-break
 seeds (training/passes.py reads the per-query outcomes to compare two models, `run`).
@@ -30,7 +31,7 @@ MIN_SENSES = 2
 
 def lemma_occurrences(path: Path) -> tuple[list[list[str]], list[tuple[int, int, str, dict]]]:
     """The examples' sentences, and (sentence, position, word, its example's record) for each lemma (one word) of
-    the example's synset found in it (bench.syntax reads them too)."""
+    the example's synset found in it (training.probes.syntax reads them too)."""
     records = [json.loads(line) for line in path.read_text().splitlines()]
     occurrences = []
     for i, r in enumerate(records):
@@ -145,7 +146,7 @@ def sense_rows(layers: dict[int, np.ndarray], occurrences, tie_seeds: int = 0) -
 
 
 def run(model: Path, examples: Path, threads: int = 0, tie_seeds: int = 0) -> tuple[dict, dict]:
-    """bench.senses on an exported model: ({"occurrences", "words", "sentences", "rows"}, per-query outcomes
+    """training.probes.senses on an exported model: ({"occurrences", "words", "sentences", "rows"}, per-query outcomes
     (sense_rows'), with each query's word under "words")."""
     sentences, occurrences = load_occurrences(examples)
     needed = sorted({o[0] for o in occurrences})

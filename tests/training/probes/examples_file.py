@@ -1,5 +1,5 @@
-"""The examples.jsonl that bench.senses and bench.syntax read (training/corpus.py writes WordNet's), made from rows
-written for a test."""
+"""The examples.jsonl that the probes (training.probes.senses, training.probes.syntax) read (training/corpus.py
+writes WordNet's), made from rows written for a test."""
 
 from __future__ import annotations
 
