@@ -116,14 +116,17 @@ train-default: $(CORPUS)/train.txt
 # The CPU run on the larger corpus (README: "Training on this CPU"): cpu-base (small's shape, a 32,000-word
 # softmax), three passes (12,261 steps, one cosine schedule over all three, fixed in the config) on one thread at
 # nice 19, about 2.75 hours of one core a pass. It writes a checkpoint every 5 minutes and build/train-cpu/passes/N/
-# after each pass; it stops at a checkpoint after TRAIN_MINUTES (default: no limit), and the same command resumes
-# it. train-cpu-detached starts (or resumes) it in the background, its log in build/train-cpu.log.
+# after each pass, and releases each finished pass at once to models/cpu-base/ (commit it: the run's folder does
+# not outlive the machine; docs/training.md "Every finished pass is released"); it stops at a checkpoint after
+# TRAIN_MINUTES (default: no limit), and the same command resumes it. train-cpu-detached starts (or resumes) it in
+# the background, its log in build/train-cpu.log.
 # Needs make corpus-packages. The corpus is an order-only prerequisite: built when missing, never rebuilt under a
 # run that is resumed (`make corpus` rebuilds it on purpose).
 CORPUS_ALL := build/corpus-all
 TRAIN_MINUTES ?=
 TRAIN_CPU := nice -n 19 $(BIN)/elmo-train --corpus $(CORPUS_ALL)/train/*.txt --heldout $(CORPUS_ALL)/heldout/*.txt \
-	--out build/train-cpu --config cpu-base --threads 1 $(if $(TRAIN_MINUTES),--max-minutes $(TRAIN_MINUTES))
+	--out build/train-cpu --config cpu-base --threads 1 --release-to models/cpu-base \
+	$(if $(TRAIN_MINUTES),--max-minutes $(TRAIN_MINUTES))
 train-cpu: | $(CORPUS_ALL)/manifest.json
 	$(TRAIN_CPU)
 

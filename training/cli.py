@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--stop-after-steps", type=int, help="stop at a checkpoint at this optimizer step (counted over the whole run)"
     )
+    parser.add_argument(
+        "--release-to",
+        type=Path,
+        help="after each finished pass, release it to this folder (evaluated, its card, log and curve; replacing "
+        "the pass before): a folder small enough to commit, so that no finished pass is lost with the machine",
+    )
     return parser
 
 
@@ -82,6 +88,7 @@ def train_main(argv: list[str] | None = None) -> int:
             max_minutes=args.max_minutes,
             stop_after_steps=args.stop_after_steps,
             steps=args.steps,
+            release_to=args.release_to,
         )
     except (ValueError, OSError) as err:
         print(f"elmo-train: {err}", file=sys.stderr)

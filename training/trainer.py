@@ -16,9 +16,11 @@ import math
 import os
 import platform
 import random
+import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -39,6 +41,14 @@ CONFIGS = Path(__file__).with_name("configs")
 CHECKPOINT = "checkpoint.pt"
 PASSES = "passes"  # out/passes/N/: the model as it was after pass (epoch) N
 PASS_STATE = "state.json"  # beside it: where the run stood then (steps, tokens, time, history)
+# What a released pass is (`--release-to`, training.passes release --to): small enough to commit (about 15 MB for
+# cpu-base), so that a finished pass outlives the machine it trained on. The softmax (2 MB in float16) comes along:
+# without it the pass's perplexity cannot be measured, nor its training continued with its own softmax (--init).
+# The checkpoint (the optimizer's state, 3x the weights) stays with the run.
+RELEASED = (
+    "options.json", "weights.hdf5", "softmax.hdf5", "vocab.txt", PASS_STATE, "train_log.json", "MODEL_CARD.md",
+    "training_curve.png",
+)  # fmt: skip
 HELDOUT_EVERY = 50  # without --heldout, every 50th corpus line is held out
 WARMUP_SENTENCES = 2000  # training sentences whose mean final state is the warm initial state measured here
 DEVICES = ("auto", "cpu", "cuda")
@@ -206,9 +216,11 @@ class Trainer:
         table: TokenTable,
         stop_after_steps: int | None = None,
         deadline: float | None = None,
+        on_pass: Callable[[Path], None] | None = None,
     ) -> bool:
         """Train to the last epoch (True), or stop early at a checkpoint (False): at step stop_after_steps, or
-        after the first step that ends past `deadline` (time.monotonic())."""
+        after the first step that ends past `deadline` (time.monotonic()). on_pass(OUT/passes/N) after each
+        finished pass, once its folder is written."""
         cfg = self.config
         batches = make_batches(train_rows, cfg.batch_tokens)
         total_steps = min(cfg.steps or math.inf, cfg.epochs * len(batches))
@@ -271,6 +283,8 @@ class Trainer:
                 folder = self.out_dir / PASSES / str(self.state["epoch"])
                 write_model(self.model, self.vocab, folder)
                 (folder / PASS_STATE).write_text(json.dumps(self.pass_state(), indent=1) + "\n")
+                if on_pass is not None:
+                    on_pass(folder)
             self.save_checkpoint()
             last_checkpoint = time.monotonic()
         return True
@@ -416,10 +430,12 @@ def train(
     max_minutes: float | None = None,
     stop_after_steps: int | None = None,
     steps: int | None = None,
+    release_to: Path | None = None,
 ) -> dict:
     """Train (or resume, or fine-tune from `init`) and write the output folder; returns train_log.json's content,
     or, when stopped early by max_minutes or stop_after_steps, {"finished": False, ...} with where it stopped (the
-    checkpoint; the same call again resumes)."""
+    checkpoint; the same call again resumes). With release_to, each finished pass is released there at once
+    (`release_pass`), replacing the pass before it."""
     started = time.monotonic()
     torch_device = resolve_device(device)
     if precision not in PRECISIONS:
@@ -450,7 +466,17 @@ def train(
     )
     deadline = started + 60 * max_minutes if max_minutes is not None else None
     _stop_on_signals(trainer)
-    if not trainer.fit(train_rows, heldout_rows, table, stop_after_steps, deadline):
+
+    def release(folder: Path) -> None:
+        # The release builds and evaluates a model of its own: the run's random state must not move with it, or a
+        # run with releases would draw other dropout masks than the same run resumed without them.
+        with torch.random.fork_rng(devices=[]):
+            state = json.loads((folder / PASS_STATE).read_text())
+            release_pass(folder, corpus, heldout, config, state, release_to)
+        print(f"pass {folder.name} released to {release_to}", flush=True)
+
+    on_pass = release if release_to is not None else None
+    if not trainer.fit(train_rows, heldout_rows, table, stop_after_steps, deadline, on_pass):
         state = trainer.state
         return {"finished": False, "out": str(out_dir)} | {k: state[k] for k in ("epoch", "batch", "step")}
     run = _Run(description, corpus, heldout, init, options, torch_device, precision)
@@ -632,6 +658,32 @@ def finish_pass(folder: Path, corpus: list[Path], heldout: list[Path] | None, co
     trainer.history = state["history"]
     run = _Run(description, corpus, heldout, None, options, torch.device("cpu"), "fp32")
     return _finish(trainer, TokenTable(vocab, options.max_chars), text, run)
+
+
+def release_pass(
+    folder: Path,
+    corpus: list[Path],
+    heldout: list[Path] | None,
+    config: str,
+    state: dict,
+    to: Path | None = None,
+    card: str = "",
+) -> dict:
+    """A finished pass (OUT/passes/N/) made a finished run's folder in place (`finish_pass`; `card`, a section added
+    to its MODEL_CARD.md), then, with `to`, its RELEASED files copied there, replacing what is there: the folder a
+    clean clone measures, ships or continues from (`elmo-train --init`). Returns the log."""
+    log = finish_pass(folder, corpus, heldout, config, state)
+    if card:
+        with (folder / "MODEL_CARD.md").open("a") as f:
+            f.write("\n" + card)
+    if to is None:
+        return log
+    to.mkdir(parents=True, exist_ok=True)
+    for name in RELEASED:
+        if (folder / name).exists():  # the curve needs matplotlib
+            shutil.copyfile(folder / name, to / (name + ".tmp"))
+            os.replace(to / (name + ".tmp"), to / name)  # each file whole, even if the copy is interrupted
+    return log
 
 
 def _training_log(trainer: Trainer, text: TrainingText, evaluation: Evaluation, run: _Run) -> dict:

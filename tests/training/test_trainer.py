@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import training.trainer as trainer_module
 from model_export.export import torch_layers
 from model_export.options import load_options
 from model_export.weights import load_bilm
@@ -135,6 +136,35 @@ def test_resume_mid_epoch_gives_the_same_weights_as_an_uninterrupted_run(corpus,
     with h5py.File(tmp_path / "straight" / "weights.hdf5") as a, h5py.File(tmp_path / "resumed" / "weights.hdf5") as b:
         for name in ("CNN_proj/W_proj", "RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/W_0"):
             np.testing.assert_array_equal(a[name][...], b[name][...])
+
+
+def test_each_pass_is_released_at_once_and_the_release_moves_no_random_state(corpus, dropout_config, tmp_path):
+    """--release-to: after each pass the folder holds that pass, evaluated (card, log), and nothing else of the run
+    (no checkpoint); the latest pass replaces the one before. The release builds and evaluates a model of its own,
+    yet the run draws the same dropout masks: its weights equal, bit for bit, those of the same run without it."""
+    released = []
+    real_release = trainer_module.release_pass
+
+    def spy(folder, *args):
+        log = real_release(folder, *args)
+        card = (tmp_path / "released" / "MODEL_CARD.md").read_text()
+        released.append((folder.name, json.loads((tmp_path / "released" / "train_log.json").read_text()), card))
+        return log
+
+    plain = train([corpus], tmp_path / "plain", dropout_config, epochs=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer_module, "release_pass", spy)
+        run = train([corpus], tmp_path / "run", dropout_config, epochs=2, release_to=tmp_path / "released")
+    assert [name for name, _, _ in released] == ["1", "2"]
+    assert [log["passes"] for _, log, _ in released] == [1, 2]
+    assert released[0][1]["steps"] == run["history"]["epochs"][0]["step"]
+    assert "1 of the 2 epochs of its schedule" in released[0][2]
+    folder = tmp_path / "released"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(trainer_module.RELEASED)
+    with h5py.File(tmp_path / "plain" / "weights.hdf5") as a, h5py.File(folder / "weights.hdf5") as b:
+        for name in ("CNN_proj/W_proj", "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_0"):
+            np.testing.assert_array_equal(a[name][...], b[name][...])
+    assert run["history"]["epochs"] == plain["history"]["epochs"]
 
 
 def test_rerunning_a_finished_run_trains_no_more(corpus, trained, monkeypatch):
