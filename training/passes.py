@@ -38,12 +38,17 @@ percentile interval of the difference between the two models' accuracies; the sa
 figure's own standard error. The tie-break seed's spread (senses: 20 seeds) is reported beside it. A model is
 "worse beyond the noise" on a figure when the whole 95% interval of (candidate - baseline) is below zero.
 
-`decide` is the shipping rule of issue 29: held-out perplexity >= 30% below the bigram in both directions, and
-not worse than today's model beyond the noise on the senses probe (all queries and held-out queries, best upper
-layer) and the syntax probe (held-out and ambiguous occurrences, best upper layer), and allennlp's agreement within
-its bar. `table` builds the model card's per-pass table (one row per model) with the comparison and the decision.
+`decide` is the shipping rule (docs/training.md): held-out perplexity >= 30% below the bigram in both directions,
+the senses probe better than the random-weights control beyond the noise, not worse than the model it replaces
+beyond the noise on the senses probe (all queries and held-out queries, best upper layer) and the syntax probe
+(held-out and ambiguous occurrences, best upper layer), and allennlp's agreement within its bar. `gate` is that rule
+as a command: both models measured (or read from the cache), every figure printed with its interval, exit status 1
+when a condition fails. `table` builds the model card's per-pass table (one row per model) with the comparison and
+the decision. `release` writes a pass as a finished run's folder, and with `--to` copies it where it is committed.
 
-It runs bench/allennlp_baseline.py (in allennlp's own environment) for allennlp's agreement.
+    python -m training.passes gate build/train-cpu/passes/1 --against models/default \
+        --heldout build/corpus-all/heldout/*.txt --corpus build/corpus-all/train/*.txt \
+        --examples build/corpus-all/examples.jsonl --allennlp /work/allennlp-venv/bin/python
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -75,7 +80,7 @@ from training.probes.senses import load_occurrences as sense_occurrences
 from training.probes.senses import sense_rows, sentence_layers
 from training.probes.syntax import load_occurrences as syntax_occurrences
 from training.probes.syntax import probe_layer_outcomes
-from training.trainer import PASS_STATE, finish_pass, read_sentences
+from training.trainer import PASS_STATE, read_sentences, release_pass
 from training.vocab import Vocabulary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -389,56 +394,158 @@ def own_noise(figures: dict, outcomes: dict) -> dict:
 
 @dataclass(frozen=True)
 class Decision:
-    ship: bool
-    reasons: list[str]  # one line per criterion, met or not
+    conditions: list[tuple[bool, str]]  # one per criterion: met or not, and the figure with its interval
+
+    @property
+    def ship(self) -> bool:
+        return all(met for met, _ in self.conditions)
+
+    @property
+    def reasons(self) -> list[str]:
+        return [text for _, text in self.conditions]
 
     def describe(self) -> str:
         return ("ship" if self.ship else "do not ship") + ": " + "; ".join(self.reasons)
 
 
+# The rule's paired comparisons: the key in compare()'s noise, its label, and where the figure is in measure()'s.
+PAIRED = (
+    ("senses_all", "senses probe, all queries", ("senses", "all")),
+    ("senses_heldout", "senses probe, held-out queries", ("senses", "heldout")),
+    ("syntax_heldout", "syntax probe, held out", ("syntax", "heldout")),
+    ("syntax_ambiguous", "syntax probe, ambiguous words", ("syntax", "ambiguous")),
+)
+
+
+def _verdict(d: dict) -> str:
+    if d["ci95"][1] < 0:
+        return "worse beyond the noise"
+    return "better beyond the noise" if d["ci95"][0] > 0 else "within the noise"
+
+
+def _value(figures: dict, path: tuple[str, str]) -> str:
+    value = figures.get(path[0], {}).get(path[1])
+    return "" if value is None else f"{value:.3f} "
+
+
 def decide(baseline: dict, candidate: dict, noise: dict) -> Decision:
-    """Issue 29's rule: the candidate replaces the baseline (today's default model) when its held-out perplexity
-    is >= 30% below the bigram's in each direction, it is not worse beyond the noise (the 95% interval of the
-    paired difference wholly below zero) on the senses probe (all and held-out queries) and the syntax probe
-    (held-out and ambiguous occurrences), and allennlp agrees with its export within the bar. noise: compare()'s."""
-    ok, reasons = True, []
+    """The shipping rule (docs/training.md): the candidate replaces the baseline (the default model) when its
+    held-out perplexity is >= 30% below the bigram's in each direction, the senses probe (all queries, best upper layer)
+    is better than the random-weights control beyond the noise, it is not worse than the baseline beyond the noise
+    (the 95% interval of the paired difference wholly below zero) on the senses probe (all and held-out queries) and
+    the syntax probe (held-out and ambiguous occurrences), and allennlp agrees with its export within the bar.
+    noise: compare()'s. Each reason gives the figure, its interval and whether it is met."""
+    conditions = []
     pct = candidate.get("below_bigram")
     if pct is None:
-        ok = False
-        reasons.append("perplexity against the bigram not measured (give --corpus)")
+        conditions.append((False, "perplexity against the bigram not measured (give --corpus)"))
     else:
         met = all(pct[d] >= 100 * BELOW_BIGRAM_GOAL for d in ("forward", "backward"))
-        ok &= met
-        reasons.append(
-            f"held-out perplexity {pct['forward']:.1f}% / {pct['backward']:.1f}% below the bigram "
-            f"({'meets' if met else 'misses'} >= {100 * BELOW_BIGRAM_GOAL:.0f}%)"
+        ppl, bigram = candidate["perplexity"], candidate["bigram"]
+        conditions.append(
+            (
+                met,
+                f"held-out perplexity {ppl['forward']} / {ppl['backward']} against the Kneser-Ney bigram's "
+                f"{bigram['forward']} / {bigram['backward']}: {pct['forward']:.1f}% / {pct['backward']:.1f}% below it "
+                f"({'meets' if met else 'misses'} >= {100 * BELOW_BIGRAM_GOAL:.0f}%)",
+            )
         )
-    labels = {
-        "senses_all": "training.probes.senses, all queries",
-        "senses_heldout": "training.probes.senses, held-out queries",
-        "syntax_heldout": "training.probes.syntax, held out",
-        "syntax_ambiguous": "training.probes.syntax, ambiguous words",
-    }
-    for key, label in labels.items():
+    over_control = candidate.get("noise", {}).get("control", {}).get("senses_all")
+    if over_control is None:
+        conditions.append((False, "the senses probe against the random-weights control not measured"))
+    else:
+        met = over_control["ci95"][0] > 0
+        control = candidate["control"]["senses"]["all"] if "control" in candidate else None
+        conditions.append(
+            (
+                met,
+                f"senses probe, all queries, {_value(candidate, ('senses', 'all'))}against the random-weights "
+                f"control's {'' if control is None else f'{control:.3f} '}{over_control['value']:+.3f} (95% interval "
+                f"{over_control['ci95'][0]:+.3f} to {over_control['ci95'][1]:+.3f}): {_verdict(over_control)} "
+                f"({'meets' if met else 'misses'}: better beyond the noise)",
+            )
+        )
+    for key, label, path in PAIRED:
         d = noise[key]
-        worse = d["ci95"][1] < 0
-        ok &= not worse
-        if worse:
-            verdict = "worse beyond the noise"
-        else:
-            verdict = "better beyond the noise" if d["ci95"][0] > 0 else "within the noise"
-        reasons.append(
-            f"{label} {d['value']:+.3f} (95% interval {d['ci95'][0]:+.3f} to {d['ci95'][1]:+.3f}): {verdict}"
+        conditions.append(
+            (
+                d["ci95"][1] >= 0,
+                f"{label} {_value(candidate, path)}against {_value(baseline, path)}{d['value']:+.3f} (95% interval "
+                f"{d['ci95'][0]:+.3f} to {d['ci95'][1]:+.3f}): {_verdict(d)}",
+            )
         )
     agreement = candidate.get("allennlp")
     if agreement is None:
-        ok = False
-        reasons.append("allennlp's agreement not measured (give --allennlp)")
+        conditions.append((False, "allennlp's agreement not measured (give --allennlp)"))
     else:
-        ok &= agreement["met"]
         within = "within" if agreement["met"] else "over"
-        reasons.append(f"allennlp max abs error {agreement['max_abs_error']:.1e} ({within} {ALLENNLP_BAR:g})")
-    return Decision(bool(ok), reasons)
+        conditions.append(
+            (agreement["met"], f"allennlp max abs error {agreement['max_abs_error']:.1e} ({within} {ALLENNLP_BAR:g})")
+        )
+    return Decision(conditions)
+
+
+# -- the gate: the shipping rule as a command
+
+
+def measured(
+    folder: Path,
+    heldout: list[Path],
+    examples: Path,
+    corpus: list[Path] | None,
+    shared_with: list[Path],
+    allennlp: str | None,
+    threads: int,
+    cache: Path,
+    log=print,
+) -> tuple[dict, dict]:
+    """measure()'s (figures, outcomes) of a model, kept in cache/measured/<its weights' sha256>/: read from there
+    when they were measured on the same examples and held-out files with at least what is asked now (the bigram,
+    allennlp's agreement), else measured there now (about 10 minutes of one core)."""
+    work = cache / "measured" / _sha256(folder / "weights.hdf5")[:16]
+    if (work / "figures.json").exists():
+        figures, outcomes = load(work / "figures.json")
+        if (
+            figures["examples"]["sha256"] == _sha256(examples)
+            and figures["heldout"] == [str(p) for p in heldout]
+            and ("bigram" in figures or not corpus)
+            and ("allennlp" in figures or not allennlp)
+        ):
+            log(f"{folder}: measured before, in {work}")
+            return figures, outcomes
+    bigram_cache = cache / f"bigram-{_sha256(folder / 'vocab.txt')[:16]}.json"
+    return measure(folder, heldout, examples, work, corpus, shared_with, allennlp, threads, cache, bigram_cache, log)
+
+
+def gate(
+    candidate: Path,
+    against: Path,
+    heldout: list[Path],
+    corpus: list[Path],
+    examples: Path,
+    allennlp: str | None,
+    threads: int = 1,
+    cache: Path = Path("build/passes"),
+    log=print,
+) -> tuple[Decision, str]:
+    """The shipping rule applied to `candidate` against `against` (the model it would replace), each measured (or
+    read from the cache): the decision, and the report that prints every figure with its interval."""
+    base = measured(against, heldout, examples, None, [candidate], allennlp, threads, cache, log)
+    cand = measured(candidate, heldout, examples, corpus, [against], allennlp, threads, cache, log)
+    noise = compare(base, cand)
+    decision = decide(base[0], cand[0], noise)
+    lines = [f"gate: {candidate} against {against}"]
+    lines += [f"  {'met' if met else 'NOT MET'}: {text}" for met, text in decision.conditions]
+    shared = cand[0].get("shared_perplexity")
+    if shared and base[0].get("shared_perplexity"):
+        theirs = base[0]["shared_perplexity"]
+        lines.append(
+            f"  (not a condition) perplexity on the {shared['shared_words']:,} words both vocabularies hold: "
+            f"{shared['forward']} / {shared['backward']} against {theirs['forward']} / {theirs['backward']}"
+        )
+    lines.append(f"  noise: {NOISE_METHOD}")
+    lines.append(f"verdict: {'SHIP' if decision.ship else 'DO NOT SHIP'} {candidate}")
+    return decision, "\n".join(lines)
 
 
 # -- measuring a model
@@ -590,7 +697,7 @@ def card_section(baseline: tuple[dict, dict] | None, rows: list[tuple[dict, dict
         f"Noise: {NOISE_METHOD}. The differences are (model - today's) with their 95% interval.",
     ]
     if decisions:
-        lines += ["", "Decision (issue 29's rule, training.passes.decide):", "", *decisions]
+        lines += ["", "Decision (the shipping rule, training.passes.decide):", "", *decisions]
     return "\n".join(lines) + "\n"
 
 
@@ -701,32 +808,28 @@ def pass_state(folder: Path, checkpoint: Path | None = None, log: Path | None = 
             "history": history, "config": saved["config"]}  # fmt: skip
 
 
-def release(folder: Path, corpus: list[Path], heldout: list[Path], config: str, state: dict, card: str = "") -> dict:
-    """A pass as a finished run's folder, in place (training/trainer.py: finish_pass): what `models/default/`
-    holds when it ships; `card`, the per-pass section (`card_section`), is added to its MODEL_CARD.md."""
-    log = finish_pass(folder, corpus, heldout, config, state)
-    if card:
-        with (folder / "MODEL_CARD.md").open("a") as f:
-            f.write("\n" + card)
-    return log
-
-
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="every figure of one model (a passes/N folder or an elmo-train folder)")
     m.add_argument("model", type=Path, help="options.json, weights.hdf5, vocab.txt, softmax.hdf5")
-    m.add_argument("--heldout", nargs="+", required=True, type=Path, help="the run's held-out files")
-    m.add_argument("--corpus", nargs="+", type=Path, help="the run's training files (the bigram's text)")
-    m.add_argument("--examples", type=Path, default=Path("build/corpus/examples.jsonl"))
     m.add_argument("--work", type=Path, help="where figures.json, outcomes.json and onnx/ go (default: the model's)")
     m.add_argument("--shared-with", nargs="*", default=[], type=Path, help="folders (or vocab.txt files) whose "
                    "vocabulary joins the shared-vocabulary perplexity")  # fmt: skip
-    m.add_argument("--allennlp", help="the python of allennlp 2.10.1's environment (bench/allennlp_baseline.py)")
-    m.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads (default 1)")
-    m.add_argument("--cache", type=Path, default=Path("build/passes"), help="where the control is kept")
     m.add_argument("--bigram-cache", type=Path, help="default: passes/bigram.json beside the passes")
     m.add_argument("--baseline", type=Path, help="figures.json of today's model: compare and decide")
+    g = sub.add_parser("gate", help="the shipping rule: may CANDIDATE replace --against? (exit 1 if not)")
+    g.add_argument("candidate", type=Path, help="a model folder: options.json, weights.hdf5, vocab.txt, softmax.hdf5")
+    g.add_argument("--against", type=Path, default=Path("models/default"), help="the model it would replace")
+    for command in (m, g):
+        command.add_argument("--heldout", nargs="+", required=True, type=Path, help="the run's held-out files")
+        command.add_argument("--corpus", nargs="+", type=Path, help="the run's training files (the bigram's text)")
+        command.add_argument("--examples", type=Path, default=Path("build/corpus-all/examples.jsonl"))
+        command.add_argument("--allennlp", help="the python of allennlp 2.10.1's environment "
+                             "(bench/allennlp_baseline.py)")  # fmt: skip
+        command.add_argument("--threads", type=int, default=1, help="torch and ONNX Runtime threads (default 1)")
+        command.add_argument("--cache", type=Path, default=Path("build/passes"), help="where the control is kept "
+                             "(and, for gate, every model's figures)")  # fmt: skip
     t = sub.add_parser("table", help="the model card's per-pass section from figures.json files")
     t.add_argument("figures", nargs="+", type=Path)
     t.add_argument("--baseline", type=Path, help="figures.json of today's model: each row compared with it")
@@ -740,38 +843,64 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--log", type=Path, help="the run's log, for a pass without state.json")
     r.add_argument("--table", nargs="*", default=[], type=Path, help="figures.json files: the card's per-pass table")
     r.add_argument("--baseline", type=Path, help="figures.json of the model it replaces")
-    args = parser.parse_args(argv)
-    if args.command == "release":
-        state = pass_state(args.model, args.checkpoint, args.log)
-        rows = [load(p) for p in args.table]
-        card = card_section(load(args.baseline) if args.baseline else None, rows) if rows else ""
-        log = release(args.model, args.corpus, args.heldout, args.config, state, card)
-        ppl = log["heldout_perplexity"]["bilm_zero_state"]
-        print(f"wrote {args.model}: held-out perplexity forward {ppl['forward']}, backward {ppl['backward']}")
-        return 0
-    if args.command == "measure":
-        torch.set_num_threads(args.threads)
-        figures, outcomes = measure(args.model, args.heldout, args.examples, args.work, args.corpus,
-                                    args.shared_with, args.allennlp, args.threads, args.cache, args.bigram_cache,
-                                    log=lambda m: print(f"-- {m}", flush=True))  # fmt: skip
-        print(describe(figures))
-        if args.baseline:
-            baseline = load(args.baseline)
-            noise = compare(baseline, (figures, outcomes))
-            decision = decide(baseline[0], figures, noise)
-            work = Path(args.work or args.model)
-            (work / "decision.json").write_text(
-                json.dumps({"baseline": str(args.baseline), "noise": noise} | asdict(decision), indent=1) + "\n"
-            )
-            (work / "card.md").write_text(card_section(baseline, [baseline, (figures, outcomes)]))
-            print(f"against {args.baseline}: {decision.describe()}")
-        return 0
+    r.add_argument("--to", type=Path, help="then copy the released files here (models/NAME), replacing what is there")
+    return parser
+
+
+def _progress(message: str) -> None:
+    print(f"-- {message}", flush=True)
+
+
+def _release(args) -> int:
+    state = pass_state(args.model, args.checkpoint, args.log)
+    rows = [load(p) for p in args.table]
+    card = card_section(load(args.baseline) if args.baseline else None, rows) if rows else ""
+    log = release_pass(args.model, args.corpus, args.heldout, args.config, state, args.to, card)
+    ppl = log["heldout_perplexity"]["bilm_zero_state"]
+    where = f"{args.model} and {args.to}" if args.to else str(args.model)
+    print(f"wrote {where}: held-out perplexity forward {ppl['forward']}, backward {ppl['backward']}")
+    return 0
+
+
+def _measure(args) -> int:
+    figures, outcomes = measure(args.model, args.heldout, args.examples, args.work, args.corpus, args.shared_with,
+                                args.allennlp, args.threads, args.cache, args.bigram_cache, log=_progress)  # fmt: skip
+    print(describe(figures))
+    if args.baseline:
+        baseline = load(args.baseline)
+        noise = compare(baseline, (figures, outcomes))
+        decision = decide(baseline[0], figures, noise)
+        work = Path(args.work or args.model)
+        verdict = {"baseline": str(args.baseline), "noise": noise, "ship": decision.ship, "reasons": decision.reasons}
+        (work / "decision.json").write_text(json.dumps(verdict, indent=1) + "\n")
+        (work / "card.md").write_text(card_section(baseline, [baseline, (figures, outcomes)]))
+        print(f"against {args.baseline}: {decision.describe()}")
+    return 0
+
+
+def _gate(args) -> int:
+    if not args.corpus:
+        raise SystemExit("gate: give --corpus (the bigram's text): the rule compares the candidate with the bigram")
+    decision, report = gate(args.candidate, args.against, args.heldout, args.corpus, args.examples, args.allennlp,
+                            args.threads, args.cache, log=_progress)  # fmt: skip
+    print(report)
+    return 0 if decision.ship else 1
+
+
+def _table(args) -> int:
     rows = [load(p) for p in args.figures]
     section = card_section(load(args.baseline) if args.baseline else None, rows)
     print(section, end="")
     if args.out:
         args.out.write_text(section)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    torch.set_num_threads(getattr(args, "threads", None) or torch.get_num_threads())
+    commands = {"release": _release, "measure": _measure, "gate": _gate, "table": _table}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """The embedded default model is contextual, not a lookup table: in sentences written for this test (not from
-its training text), a polysemous word's upper-layer vectors sit nearest to the same word used in the same sense,
-while layer 0 (the char-CNN, context-free) gives every occurrence the same vector and cannot tell them apart.
-`python -m bench.senses` measures the same on thousands of WordNet usage examples.
+its training text), layer 0 (the char-CNN, context-free) gives every occurrence of a word the same vector, while the
+upper layers move each occurrence with its sentence, and a polysemous word's nearest other occurrence is mostly one
+used in the same sense.
 
-What this shows is context, and only that: random weights of the same architecture pass these bars too (nearest
-neighbour 0.60 in one layer), because any recurrent encoder mixes a word's neighbours into its vector and
-same-sense sentences share neighbours. What training adds is measured by bench/senses against that control
-(README, "Training the default model")."""
+What this shows is context, and only that. The bars are ones that random weights of the same architecture pass by
+design: any recurrent encoder mixes a word's neighbours into its vector, and same-sense sentences share neighbours
+(random weights, seeds 0-9: nearest neighbour 0.54-0.67 per upper layer, most similar pair of occurrences at
+cosine 0.993). Which model ships, and whether its training taught it senses, is decided elsewhere with the noise
+measured: `python -m training.passes gate` (the senses probe on 8,562 WordNet queries against the random-weights
+control and against the model it replaces; docs/training.md, "The rule")."""
 
 from __future__ import annotations
 
@@ -108,11 +110,13 @@ SENSES = {
     },
 }
 # "Mostly": at least half of the occurrences have a same-sense nearest neighbour. Chance is 3/7 = 0.43 (of the 7
-# other occurrences of the word, 3 share the sense). The default model, small and trained for an hour on 1.5 M
-# words, measures 0.52 (layer 1) and 0.58 (layer 2): contextual, but far from the published ELMo.
+# other occurrences of the word, 3 share the sense); with 48 occurrences a share's standard error is about 0.07.
+# Random weights of the architecture measure 0.54-0.67 per upper layer (seeds 0-9); the default model's figures
+# are in its card.
 NEAREST_NEIGHBOUR_BAR = 0.5
-# Leave-one-out nearest sense centroid: chance 0.5; the default model measures 0.65 (layer 1) and 0.63 (layer 2).
-CENTROID_BAR = 0.6
+# Context moves every occurrence: no two occurrences of a word in different sentences share an upper-layer vector.
+# Random weights reach cosine 0.993 at most (seeds 0-9), the default model about 0.95.
+SAME_VECTOR_COSINE = 0.999
 
 
 def word_vectors(bilm):
@@ -158,15 +162,9 @@ def test_upper_layers_group_occurrences_by_sense(occurrences, layer):
 
 
 @pytest.mark.parametrize("layer", [1, 2])
-def test_upper_layers_put_occurrences_nearer_their_own_sense(occurrences, layer):
-    """Each occurrence is more similar to the mean of its own sense's other occurrences than to the other sense's."""
-    hits = total = 0
+def test_upper_layers_move_each_occurrence_with_its_sentence(occurrences, layer):
     for word in SENSES:
-        mine = [(sense, v[layer] / np.linalg.norm(v[layer])) for w, sense, v in occurrences if w == word]
-        vectors = np.stack([v for _, v in mine])
-        for i, (sense, v) in enumerate(mine):
-            same = [j for j, (s, _) in enumerate(mine) if s == sense and j != i]
-            other = [j for j, (s, _) in enumerate(mine) if s != sense]
-            hits += float(vectors[same].mean(0) @ v) > float(vectors[other].mean(0) @ v)
-            total += 1
-    assert hits / total >= CENTROID_BAR
+        vectors = np.stack([v[layer] / np.linalg.norm(v[layer]) for w, _, v in occurrences if w == word])
+        cosines = vectors @ vectors.T
+        np.fill_diagonal(cosines, -1.0)
+        assert cosines.max() < SAME_VECTOR_COSINE, word

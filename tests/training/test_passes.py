@@ -12,7 +12,6 @@ import pytest
 
 import training.passes as passes
 from training.passes import (
-    Decision,
     bigram_figures,
     card_section,
     cluster_bootstrap,
@@ -184,19 +183,32 @@ def _noise(value: float, low: float, high: float) -> dict:
 def test_decide_ships_only_when_every_criterion_holds():
     candidate = {
         "below_bigram": {"forward": 31.0, "backward": 30.5},
+        "perplexity": {"forward": 100.0, "backward": 101.0},
+        "bigram": {"forward": 145.0, "backward": 145.3},
+        "senses": {"all": 0.437, "heldout": 0.396},
+        "control": {"senses": {"all": 0.394}},
+        "noise": {"control": {"senses_all": _noise(0.043, 0.03, 0.05)}},
         "allennlp": {"max_abs_error": 5e-6, "met": True},
     }
+    baseline = {"senses": {"all": 0.424, "heldout": 0.396}}
     within = {k: _noise(-0.005, -0.02, 0.01) for k in ("senses_all", "senses_heldout", "syntax_heldout")}
     noise = within | {"syntax_ambiguous": _noise(0.03, 0.01, 0.05)}
-    decision = decide({}, candidate, noise)
-    assert decision == Decision(True, decision.reasons) and len(decision.reasons) == 6
-    assert "within the noise" in decision.reasons[1] and "better beyond the noise" in decision.reasons[4]
-    worse = decide({}, candidate, noise | {"senses_heldout": _noise(-0.05, -0.09, -0.01)})
-    assert not worse.ship and "training.probes.senses, held-out queries -0.050" in worse.describe()
-    assert "worse beyond the noise" in worse.describe()
-    short = decide({}, candidate | {"below_bigram": {"forward": 29.9, "backward": 30.5}}, noise)
+    decision = decide(baseline, candidate, noise)
+    assert decision.ship and len(decision.reasons) == 7 and all(met for met, _ in decision.conditions)
+    assert decision.reasons[0].startswith("held-out perplexity 100.0 / 101.0 against the Kneser-Ney bigram's 145.0")
+    assert "0.437 against the random-weights control's 0.394 +0.043" in decision.reasons[1]
+    assert "senses probe, all queries 0.437 against 0.424 -0.005" in decision.reasons[2]
+    assert "within the noise" in decision.reasons[2] and "better beyond the noise" in decision.reasons[5]
+    worse = decide(baseline, candidate, noise | {"senses_heldout": _noise(-0.05, -0.09, -0.01)})
+    assert not worse.ship and "senses probe, held-out queries 0.396 against 0.396 -0.050" in worse.describe()
+    assert "worse beyond the noise" in worse.describe() and not worse.conditions[3][0]
+    short = decide(baseline, candidate | {"below_bigram": {"forward": 29.9, "backward": 30.5}}, noise)
     assert not short.ship and "misses >= 30%" in short.reasons[0]
-    assert not decide({}, {"below_bigram": candidate["below_bigram"]}, noise).ship  # allennlp not measured
+    # the senses probe no better than random weights of the same architecture: not shipped, whatever the rest
+    level = candidate | {"noise": {"control": {"senses_all": _noise(0.01, -0.005, 0.025)}}}
+    assert not decide(baseline, level, noise).ship and not decide(baseline, level, noise).conditions[1][0]
+    unmeasured = {k: candidate[k] for k in ("below_bigram", "perplexity", "bigram", "noise")}
+    assert not decide(baseline, unmeasured, noise).ship  # allennlp not measured
 
 
 def test_table_compares_each_pass_with_todays_model(measured, capsys, tmp_path):
@@ -224,6 +236,7 @@ def test_measure_cli_compares_with_a_baseline(measured, split, examples, capsys)
     assert "do not ship" in printed and "allennlp's agreement not measured" in printed
     decision = json.loads((work / "2" / "decision.json").read_text())
     assert decision["ship"] is False and decision["noise"]["method"] == passes.NOISE_METHOD
+    assert any("allennlp's agreement not measured" in reason for reason in decision["reasons"])
     assert "| pass 2 |" in (work / "2" / "card.md").read_text()
 
 
@@ -236,15 +249,15 @@ def test_a_pass_is_released_as_a_finished_run_to_ship(trained, corpus, tmp_path)
     import h5py
     import torch
 
-    from training.passes import pass_state, release
-    from training.trainer import PASS_STATE
+    from training.passes import pass_state
+    from training.trainer import PASS_STATE, release_pass
 
     out, final = trained
     one = tmp_path / "1"
     shutil.copytree(out / "passes" / "1", one)
     state = json.loads((one / PASS_STATE).read_text())
     assert state["epoch"] == 1 and state["history"]["epochs"] == final["history"]["epochs"][:1]
-    log = release(one, [corpus], None, "tiny", state, card="## Per pass\n\nthe table\n")
+    log = release_pass(one, [corpus], None, "tiny", state, card="## Per pass\n\nthe table\n")
     assert log["passes"] == 1 and log["steps"] == final["history"]["epochs"][0]["step"]
     card = (one / "MODEL_CARD.md").read_text()
     assert "1 of the 3 epochs of its schedule" in card and card.endswith("## Per pass\n\nthe table\n")
@@ -265,3 +278,33 @@ def test_a_pass_is_released_as_a_finished_run_to_ship(trained, corpus, tmp_path)
     assert rebuilt["step"] == state["step"] and rebuilt["train_seconds"] == 90.0
     assert rebuilt["history"]["epochs"] == checkpoint["history"]["epochs"][:1]
     assert all(h["step"] <= state["step"] for h in rebuilt["history"]["loss"])
+
+
+def test_gate_prints_every_condition_and_exits_1_when_one_fails(measured, trained, split, examples, capsys):
+    """`gate`: both models measured once into the cache (a second gate reads them back), each condition printed
+    with its figure and interval, exit 0 only when all hold. Pass 3 against pass 1 on the toy run: the tiny model
+    is no better than its bigram, so it may not ship; the same rule against itself fails on the same condition."""
+    out, work = measured["out"], measured["work"]
+    passes.ALLENNLP_SCRIPT = work / "stand_in.py"
+    try:
+        argv = ["gate", str(out / "passes" / "3"), "--against", str(out / "passes" / "1"), "--heldout", str(split[1]),
+                "--corpus", str(split[0]), "--examples", str(examples), "--cache", str(work / "gate"),
+                "--allennlp", sys.executable]  # fmt: skip
+        code = main(argv)
+        first = capsys.readouterr().out
+        assert main(argv) == code
+        again = capsys.readouterr().out
+    finally:
+        passes.ALLENNLP_SCRIPT = passes.REPO / "bench" / "allennlp_baseline.py"
+    report = first[first.index("gate: ") :]
+    lines = report.splitlines()
+    assert lines[0] == f"gate: {out / 'passes' / '3'} against {out / 'passes' / '1'}"
+    conditions = [line for line in lines if line.startswith(("  met: ", "  NOT MET: "))]
+    assert len(conditions) == 7 and "95% interval" in conditions[2] and "allennlp max abs error" in conditions[6]
+    failed = [line for line in conditions if line.startswith("  NOT MET")]
+    assert (code == 1) == bool(failed) and lines[-1] == ("verdict: DO NOT SHIP " if failed else "verdict: SHIP ") + str(
+        out / "passes" / "3"
+    )
+    assert "measured before" in again and again[again.index("gate: ") :] == report
+    measured_dirs = sorted(p.name for p in (work / "gate" / "measured").iterdir())
+    assert len(measured_dirs) == 2
