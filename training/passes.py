@@ -110,14 +110,18 @@ def _files_key(paths: list[Path]) -> list[list]:
 
 
 def pass_number(folder: Path) -> int | None:
-    """N for a `passes/N/` folder of elmo-train, else None."""
+    """N for a `passes/N/` folder of elmo-train, or for a pass released elsewhere (its state.json says), else None."""
     folder = Path(folder)
-    return int(folder.name) if folder.parent.name == "passes" and folder.name.isdigit() else None
+    if folder.parent.name == "passes" and folder.name.isdigit():
+        return int(folder.name)
+    if (folder / PASS_STATE).exists():
+        return json.loads((folder / PASS_STATE).read_text())["epoch"]
+    return None
 
 
 def default_bigram_cache(folder: Path, work: Path) -> Path:
     """`passes/bigram.json` beside the passes of a run, else the work folder's bigram.json."""
-    return folder.parent / "bigram.json" if pass_number(folder) is not None else work / "bigram.json"
+    return folder.parent / "bigram.json" if folder.parent.name == "passes" else work / "bigram.json"
 
 
 def export(folder: Path, onnx_dir: Path) -> Path:

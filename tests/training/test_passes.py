@@ -156,9 +156,11 @@ def test_the_bigram_is_computed_once(tmp_path, trained, split, monkeypatch):
         bigram_figures(other, [split[0]], [split[1]], cache)
 
 
-def test_pass_number():
+def test_pass_number(tmp_path):
     assert pass_number(Path("build/train-cpu/passes/2")) == 2
-    assert pass_number(Path("models/default")) is None
+    assert pass_number(tmp_path) is None  # a finished run's folder, or a published model
+    (tmp_path / "state.json").write_text(json.dumps({"epoch": 3, "step": 12261}))
+    assert pass_number(tmp_path) == 3  # a pass released elsewhere (models/cpu-base)
 
 
 def test_cluster_bootstrap_is_paired_and_resamples_whole_clusters():
