@@ -80,7 +80,7 @@ from training.probes.senses import load_occurrences as sense_occurrences
 from training.probes.senses import sense_rows, sentence_layers
 from training.probes.syntax import load_occurrences as syntax_occurrences
 from training.probes.syntax import probe_layer_outcomes
-from training.trainer import PASS_STATE, read_sentences, release_pass
+from training.trainer import PASS_STATE, copy_released, read_sentences, release_pass
 from training.vocab import Vocabulary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -465,8 +465,7 @@ def decide(baseline: dict, candidate: dict, noise: dict) -> Decision:
                 met,
                 f"senses probe, all queries, {_value(candidate, ('senses', 'all'))}against the random-weights "
                 f"control's {'' if control is None else f'{control:.3f} '}{over_control['value']:+.3f} (95% interval "
-                f"{over_control['ci95'][0]:+.3f} to {over_control['ci95'][1]:+.3f}): {_verdict(over_control)} "
-                f"({'meets' if met else 'misses'}: better beyond the noise)",
+                f"{over_control['ci95'][0]:+.3f} to {over_control['ci95'][1]:+.3f}): {_verdict(over_control)}",
             )
         )
     for key, label, path in PAIRED:
@@ -521,6 +520,17 @@ def measured(
     return measure(folder, heldout, examples, work, corpus, shared_with, allennlp, threads, cache, bigram_cache, log)
 
 
+@dataclass(frozen=True)
+class Gate:
+    """The shipping rule applied: the decision, the report that prints every figure with its interval, and the
+    two models' (figures, outcomes)."""
+
+    decision: Decision
+    report: str
+    baseline: tuple[dict, dict]
+    candidate: tuple[dict, dict]
+
+
 def gate(
     candidate: Path,
     against: Path,
@@ -531,13 +541,12 @@ def gate(
     threads: int = 1,
     cache: Path = Path("build/passes"),
     log=print,
-) -> tuple[Decision, str]:
+) -> Gate:
     """The shipping rule applied to `candidate` against `against` (the model it would replace), each measured (or
-    read from the cache): the decision, and the report that prints every figure with its interval."""
+    read from the cache)."""
     base = measured(against, heldout, examples, None, [candidate], allennlp, threads, cache, log)
     cand = measured(candidate, heldout, examples, corpus, [against], allennlp, threads, cache, log)
-    noise = compare(base, cand)
-    decision = decide(base[0], cand[0], noise)
+    decision = decide(base[0], cand[0], compare(base, cand))
     lines = [f"gate: {candidate} against {against}"]
     lines += [f"  {'met' if met else 'NOT MET'}: {text}" for met, text in decision.conditions]
     shared = cand[0].get("shared_perplexity")
@@ -549,7 +558,20 @@ def gate(
         )
     lines.append(f"  noise: {NOISE_METHOD}")
     lines.append(f"verdict: {'SHIP' if decision.ship else 'DO NOT SHIP'} {candidate}")
-    return decision, "\n".join(lines)
+    return Gate(decision, "\n".join(lines), base, cand)
+
+
+def ship(result: Gate, candidate: Path, to: Path, earlier: list[tuple[dict, dict]] = ()) -> None:
+    """A released pass that the gate admitted, shipped: its files copied over `to` (the model it replaces), and its
+    card given the per-pass table (`earlier` rows first, then the model it replaces and itself, each compared with
+    the model it replaces) and the gate's report."""
+    if not result.decision.ship:
+        raise ValueError(f"the gate refuses {candidate}: nothing shipped")
+    copy_released(candidate, to)
+    table = card_section(result.baseline, [*earlier, result.baseline, result.candidate])
+    with (to / "MODEL_CARD.md").open("a") as f:
+        f.write(f"\n{table}\n## The gate\n\nWhat `python -m training.passes gate` printed when it shipped:\n\n")
+        f.write(f"```text\n{result.report}\n```\n")
 
 
 # -- measuring a model
@@ -823,9 +845,14 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--bigram-cache", type=Path, help="default: passes/bigram.json beside the passes")
     m.add_argument("--baseline", type=Path, help="figures.json of today's model: compare and decide")
     g = sub.add_parser("gate", help="the shipping rule: may CANDIDATE replace --against? (exit 1 if not)")
-    g.add_argument("candidate", type=Path, help="a model folder: options.json, weights.hdf5, vocab.txt, softmax.hdf5")
-    g.add_argument("--against", type=Path, default=Path("models/default"), help="the model it would replace")
-    for command in (m, g):
+    s = sub.add_parser("ship", help="the gate, then CANDIDATE (a released pass) copied over --against, card and all")
+    for command in (g, s):
+        command.add_argument("candidate", type=Path, help="a model folder: options.json, weights.hdf5, vocab.txt, "
+                             "softmax.hdf5")  # fmt: skip
+        command.add_argument("--against", type=Path, default=Path("models/default"), help="the model it replaces")
+    s.add_argument("--table", nargs="*", default=[], type=Path, help="figures.json of earlier models: the first "
+                   "rows of the card's per-pass table")  # fmt: skip
+    for command in (m, g, s):
         command.add_argument("--heldout", nargs="+", required=True, type=Path, help="the run's held-out files")
         command.add_argument("--corpus", nargs="+", type=Path, help="the run's training files (the bigram's text)")
         command.add_argument("--examples", type=Path, default=Path("build/corpus-all/examples.jsonl"))
@@ -884,11 +911,16 @@ def _measure(args) -> int:
 
 def _gate(args) -> int:
     if not args.corpus:
-        raise SystemExit("gate: give --corpus (the bigram's text): the rule compares the candidate with the bigram")
-    decision, report = gate(args.candidate, args.against, args.heldout, args.corpus, args.examples, args.allennlp,
-                            args.threads, args.cache, log=_progress)  # fmt: skip
-    print(report)
-    return 0 if decision.ship else 1
+        raise SystemExit(f"{args.command}: give --corpus (the bigram's text): the rule compares with the bigram")
+    result = gate(args.candidate, args.against, args.heldout, args.corpus, args.examples, args.allennlp,
+                  args.threads, args.cache, log=_progress)  # fmt: skip
+    print(result.report)
+    if not result.decision.ship:
+        return 1
+    if args.command == "ship":
+        ship(result, args.candidate, args.against, [load(p) for p in args.table])
+        print(f"shipped {args.candidate} to {args.against}: now `make default-export` (docs/training.md)")
+    return 0
 
 
 def _table(args) -> int:
@@ -903,7 +935,7 @@ def _table(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.set_num_threads(getattr(args, "threads", None) or torch.get_num_threads())
-    commands = {"release": _release, "measure": _measure, "gate": _gate, "table": _table}
+    commands = {"release": _release, "measure": _measure, "gate": _gate, "ship": _gate, "table": _table}
     return commands[args.command](args)
 
 

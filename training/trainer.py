@@ -676,14 +676,18 @@ def release_pass(
     if card:
         with (folder / "MODEL_CARD.md").open("a") as f:
             f.write("\n" + card)
-    if to is None:
-        return log
+    if to is not None:
+        copy_released(folder, to)
+    return log
+
+
+def copy_released(folder: Path, to: Path) -> None:
+    """A released pass's files (RELEASED) copied from `folder` to `to`, replacing what is there."""
     to.mkdir(parents=True, exist_ok=True)
     for name in RELEASED:
         if (folder / name).exists():  # the curve needs matplotlib
             shutil.copyfile(folder / name, to / (name + ".tmp"))
             os.replace(to / (name + ".tmp"), to / name)  # each file whole, even if the copy is interrupted
-    return log
 
 
 def _training_log(trainer: Trainer, text: TrainingText, evaluation: Evaluation, run: _Run) -> dict:

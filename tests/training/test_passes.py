@@ -12,6 +12,7 @@ import pytest
 
 import training.passes as passes
 from training.passes import (
+    Decision,
     bigram_figures,
     card_section,
     cluster_bootstrap,
@@ -310,3 +311,29 @@ def test_gate_prints_every_condition_and_exits_1_when_one_fails(measured, traine
     assert "measured before" in again and again[again.index("gate: ") :] == report
     measured_dirs = sorted(p.name for p in (work / "gate" / "measured").iterdir())
     assert len(measured_dirs) == 2
+
+
+def test_ship_copies_the_admitted_pass_over_the_model_with_its_table_and_the_gate(measured, tmp_path):
+    """`ship`: what the gate admitted replaces the model it was measured against (every released file), and its
+    card gets the per-pass table and the gate's report; what the gate refused ships nothing."""
+    from training.passes import Gate, ship
+    from training.trainer import copy_released
+
+    out, results = measured["out"], measured["results"]
+    released, default = tmp_path / "released", tmp_path / "default"
+    copy_released(out / "passes" / "3", released)
+    (released / "MODEL_CARD.md").write_text("# the released pass's card\n")
+    copy_released(out / "passes" / "1", default)
+    before = (default / "weights.hdf5").read_bytes()
+    refused = Gate(Decision([(True, "perplexity"), (False, "senses")]), "verdict: DO NOT SHIP", results[1], results[3])
+    with pytest.raises(ValueError, match="the gate refuses"):
+        ship(refused, released, default)
+    assert (default / "weights.hdf5").read_bytes() == before and not (default / "MODEL_CARD.md").exists()
+    admitted = Gate(Decision([(True, "every condition")]), "gate: ...\nverdict: SHIP", results[1], results[3])
+    ship(admitted, released, default)
+    assert (default / "weights.hdf5").read_bytes() == (released / "weights.hdf5").read_bytes() != before
+    assert (default / "state.json").read_text() == (released / "state.json").read_text()
+    card = (default / "MODEL_CARD.md").read_text()
+    assert card.startswith("# the released pass's card\n") and "## Per pass" in card and "| pass 3 |" in card
+    assert card.endswith("## The gate\n\nWhat `python -m training.passes gate` printed when it shipped:\n\n"
+                         "```text\ngate: ...\nverdict: SHIP\n```\n")  # fmt: skip
