@@ -31,6 +31,16 @@ def _by_file_table(by_file: dict) -> list[str]:
     return lines
 
 
+def _files(paths: list[str] | str) -> str:
+    """A list of text files as a reader takes it in: several files of one folder as the folder and their names."""
+    if isinstance(paths, str):  # "every 50th corpus line"
+        return paths
+    folders = {str(Path(p).parent) for p in paths}
+    if len(paths) > 1 and len(folders) == 1:
+        return f"{len(paths)} files in {folders.pop()}/ ({', '.join(Path(p).stem for p in paths)})"
+    return ", ".join(paths)
+
+
 def _length(log: dict) -> str:
     """How long the run was: its epochs, or the share of one epoch that its step budget covered."""
     if log["config"].get("steps") and log["steps"] == log["config"]["steps"]:
@@ -62,8 +72,9 @@ def model_card(log: dict, out_dir: Path, warmup_sentences: int) -> str:
         log["description"] or "A biLM trained with elmo-train.",
         "",
         "## Data",
-        f"- Training: {', '.join(log['corpus'])}: {log['train_sentences']} sentences, {log['train_tokens']} tokens.",
-        f"- Held out: {log['heldout']}: {log['heldout_sentences']} sentences, {log['heldout_tokens']} tokens.",
+        f"- Training: {_files(log['corpus'])}: {log['train_sentences']:,} sentences, {log['train_tokens']:,} tokens.",
+        f"- Held out: {_files(log['heldout'])}: {log['heldout_sentences']:,} sentences, "
+        f"{log['heldout_tokens']:,} tokens.",
         f"- Output vocabulary: {log['vocab_size']} words including <S>, </S>, <UNK>; "
         f"covers {100 * log['vocab_coverage_heldout']:.1f}% of held-out tokens (the rest are predicted as <UNK>, "
         "but every word is read through its characters).",
@@ -99,6 +110,7 @@ def model_card(log: dict, out_dir: Path, warmup_sentences: int) -> str:
         "",
         f"Over {ppl['bilm_zero_state']['predictions']} predictions per direction (every word and the sentence end).",
         *_by_file_table(log.get("heldout_perplexity_by_file") or {}),
+        "",
         "The warm state is the mean final LSTM state over "
         f"{min(warmup_sentences, log['train_sentences'])} training sentences (`elmo-export --initial-state warm`).",
         "",

@@ -561,17 +561,61 @@ def gate(
     return Gate(decision, "\n".join(lines), base, cand)
 
 
+# The published "Original" ELMo, for scale in the card: its biLM's parameters and its training words.
+PUBLISHED_PARAMETERS, PUBLISHED_WORDS = 93.6e6, 1e9
+
+
+def strengths(figures: dict, log: dict) -> str:
+    """The card's "What it is good and bad at", said plainly from the model's measured figures and its log."""
+    pct, senses, control = figures["below_bigram"], figures["senses"], figures["control"]["senses"]
+    rows = {r["layer"]: r for r in figures["syntax"]["rows"]}
+    upper = rows[figures["syntax"]["best_layer"]]
+    by_file = log.get("heldout_perplexity_by_file") or {}
+    margin = {n: 1 - f["bilm_zero_state"]["forward"] / f["kneser_ney_bigram"]["forward"] for n, f in by_file.items()}
+    ranked = sorted(margin, key=margin.get, reverse=True)
+    sources = ""
+    if len(ranked) >= 6:
+        sources = (
+            f" It reads {', '.join(ranked[:3])} best (the most below the bigram) and {', '.join(ranked[-3:])} worst."
+        )
+    coverage = 100 * log["vocab_coverage_heldout"]
+    return "\n".join(
+        [
+            "## What it is good and bad at",
+            "",
+            f"- Good: it reads English text far better than a bigram model (held-out perplexity "
+            f"{pct['forward']:.0f}% / {pct['backward']:.0f}% below the Kneser-Ney bigram's on the same "
+            f"vocabulary).{sources}",
+            f"- Good: its upper layers carry the part of speech (a linear probe: {upper['accuracy']:.2f} on held-out "
+            f"words, {upper['ambiguous_accuracy']:.2f} on words used as several parts of speech, against "
+            f"{rows['0']['ambiguous_accuracy']:.2f} from layer 0's spelling alone).",
+            f"- Weak: it tells word senses apart only a little better than random weights of its architecture do "
+            f"({senses['all']:.3f} of WordNet's sense queries find a same-sense nearest neighbour in layer "
+            f"{senses['best_layer']}, against {control['all']:.3f} for random weights and a chance rate of "
+            f"{senses['chance']:.3f}).",
+            f"- Small: {log['parameters']['bilm'] / 1e6:.1f} M parameters trained on {log['tokens_seen'] / 1e6:.0f} M "
+            f"words, where the published ELMo has {PUBLISHED_PARAMETERS / 1e6:.1f} M trained on "
+            f"{PUBLISHED_WORDS / 1e9:.0f} B: it shows and tests the service with real, contextual vectors, and is no "
+            "match for the published ELMo on downstream tasks (serve that with elmo-export).",
+            f"- English only; its softmax knows {log['vocab_size']:,} words ({coverage:.1f}% of held-out tokens), "
+            "though every word is read through its characters. Every sentence starts from the zero state.",
+            "",
+        ]
+    )
+
+
 def ship(result: Gate, candidate: Path, to: Path, earlier: list[tuple[dict, dict]] = ()) -> None:
     """A released pass that the gate admitted, shipped: its files copied over `to` (the model it replaces), and its
-    card given the per-pass table (`earlier` rows first, then the model it replaces and itself, each compared with
-    the model it replaces) and the gate's report."""
+    card given what it is good and bad at, the per-pass table (`earlier` rows first, then the model it replaces and
+    itself, each compared with the model it replaces) and the gate's report."""
     if not result.decision.ship:
         raise ValueError(f"the gate refuses {candidate}: nothing shipped")
     copy_released(candidate, to)
+    log = json.loads((to / "train_log.json").read_text())
     table = card_section(result.baseline, [*earlier, result.baseline, result.candidate])
     with (to / "MODEL_CARD.md").open("a") as f:
-        f.write(f"\n{table}\n## The gate\n\nWhat `python -m training.passes gate` printed when it shipped:\n\n")
-        f.write(f"```text\n{result.report}\n```\n")
+        f.write(f"\n{strengths(result.candidate[0], log)}\n{table}\n## The gate\n\n")
+        f.write(f"What `python -m training.passes gate` printed when it shipped:\n\n```text\n{result.report}\n```\n")
 
 
 # -- measuring a model

@@ -743,5 +743,9 @@ def corpus_sources(corpus: list[Path]) -> dict | None:
 
 
 def machine(device: torch.device) -> str:
-    where = f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    where = (
+        f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{threads} thread{'s' if threads > 1 else ''}"
+    )
     return f"{torch.cuda.get_device_name(device)}, {where}" if device.type == "cuda" else where

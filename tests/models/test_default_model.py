@@ -38,4 +38,4 @@ def test_model_card_reports_the_training_log():
                      ("Kneser-Ney bigram", "kneser_ney_bigram")]:  # fmt: skip
         assert f"{row}" in card and f"| {ppl[key]['forward']} | {ppl[key]['backward']} |" in card, row
     assert f"{log['steps']} steps" in card and f"{log['train_seconds'] / 60:.1f} min" in card
-    assert f"{log['train_tokens']} tokens" in card
+    assert f"{log['train_tokens']:,} tokens" in card

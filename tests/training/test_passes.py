@@ -313,7 +313,7 @@ def test_gate_prints_every_condition_and_exits_1_when_one_fails(measured, traine
     assert len(measured_dirs) == 2
 
 
-def test_ship_copies_the_admitted_pass_over_the_model_with_its_table_and_the_gate(measured, tmp_path):
+def test_ship_copies_the_admitted_pass_over_the_model_with_its_table_and_the_gate(measured, trained, tmp_path):
     """`ship`: what the gate admitted replaces the model it was measured against (every released file), and its
     card gets the per-pass table and the gate's report; what the gate refused ships nothing."""
     from training.passes import Gate, ship
@@ -323,6 +323,7 @@ def test_ship_copies_the_admitted_pass_over_the_model_with_its_table_and_the_gat
     released, default = tmp_path / "released", tmp_path / "default"
     copy_released(out / "passes" / "3", released)
     (released / "MODEL_CARD.md").write_text("# the released pass's card\n")
+    (released / "train_log.json").write_text(json.dumps(trained[1]))
     copy_released(out / "passes" / "1", default)
     before = (default / "weights.hdf5").read_bytes()
     refused = Gate(Decision([(True, "perplexity"), (False, "senses")]), "verdict: DO NOT SHIP", results[1], results[3])
@@ -335,5 +336,9 @@ def test_ship_copies_the_admitted_pass_over_the_model_with_its_table_and_the_gat
     assert (default / "state.json").read_text() == (released / "state.json").read_text()
     card = (default / "MODEL_CARD.md").read_text()
     assert card.startswith("# the released pass's card\n") and "## Per pass" in card and "| pass 3 |" in card
+    good_and_bad = card[card.index("## What it is good and bad at") : card.index("## Per pass")]
+    pct = results[3][0]["below_bigram"]
+    assert f"held-out perplexity {pct['forward']:.0f}% / {pct['backward']:.0f}% below" in good_and_bad
+    assert f"{results[3][0]['senses']['all']:.3f} of WordNet's sense queries" in good_and_bad
     assert card.endswith("## The gate\n\nWhat `python -m training.passes gate` printed when it shipped:\n\n"
                          "```text\ngate: ...\nverdict: SHIP\n```\n")  # fmt: skip
