@@ -612,7 +612,10 @@ def ship(result: Gate, candidate: Path, to: Path, earlier: list[tuple[dict, dict
         raise ValueError(f"the gate refuses {candidate}: nothing shipped")
     copy_released(candidate, to)
     log = json.loads((to / "train_log.json").read_text())
-    table = card_section(result.baseline, [*earlier, result.baseline, result.candidate])
+    figures, outcomes = result.baseline
+    was = f"pass {figures['pass']}" if figures.get("pass") else f"{figures['model']} before"
+    replaced = ({**figures, "model": f"the model it replaced ({was})", "pass": None}, outcomes)
+    table = card_section(replaced, [*earlier, replaced, result.candidate])
     with (to / "MODEL_CARD.md").open("a") as f:
         f.write(f"\n{strengths(result.candidate[0], log)}\n{table}\n## The gate\n\n")
         f.write(f"What `python -m training.passes gate` printed when it shipped:\n\n```text\n{result.report}\n```\n")

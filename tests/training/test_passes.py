@@ -336,6 +336,7 @@ def test_ship_copies_the_admitted_pass_over_the_model_with_its_table_and_the_gat
     assert (default / "state.json").read_text() == (released / "state.json").read_text()
     card = (default / "MODEL_CARD.md").read_text()
     assert card.startswith("# the released pass's card\n") and "## Per pass" in card and "| pass 3 |" in card
+    assert "| the model it replaced (pass 1) |" in card
     good_and_bad = card[card.index("## What it is good and bad at") : card.index("## Per pass")]
     pct = results[3][0]["below_bigram"]
     assert f"held-out perplexity {pct['forward']:.0f}% / {pct['backward']:.0f}% below" in good_and_bad
