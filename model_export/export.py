@@ -40,6 +40,13 @@ EXTERNAL_DATA_BYTES = 1 << 30  # protobuf stops at 2 GiB: larger weights go to m
 # The int8 graph's scheme (README, "int8 on the CPU": the measured choices): weights per column, activations per
 # row in 7 bits (exact integer products on every x86 CPU, no int16 saturation without VNNI).
 INT8 = Int8(activations="row7", weights="s8", token_encoder=True)
+# Its goal (issue 22): every token vector of every layer above 0 within cosine 0.999 of fp32 on the check
+# sentences. A model whose token encoder has outlying activations misses it with INT8 (the default model trained
+# on 13 sources: 0.9967 in layer 2, as a 7-bit row rounds the rest of an outlier's row coarsely and the LSTMs carry
+# the error on); its export keeps the token encoder's products in fp32 instead (0.9998 there), a sixth of a
+# full-size token's FLOPs. The manifest says which scheme each export took.
+INT8_GOAL = 0.999
+INT8_FALLBACK = Int8(activations="row7", weights="s8", token_encoder=False)
 
 # Lengths 1 to 60, repeated and unseen words, non-ASCII, an empty and an over-long token.
 CHECK_SENTENCES = [
@@ -121,6 +128,7 @@ def export_model(
         manifest = _manifest(model, graphs, tmp, sources, write_mapping, language)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         fp32 = _check_graphs(graphs, tmp, torch_layers(model, CHECK_SENTENCES, load_mapping(tmp, manifest)))
+        _int8_within_goal(model, graphs, tmp, fp32)
         manifest["parity"] = {
             "max_abs_error": max(g["parity"]["max_abs_error"] for g in graphs if "parity" in g),
             "tolerance": TOLERANCE,
@@ -187,6 +195,27 @@ def _check_graphs(graphs: list[dict], folder: Path, want: list[np.ndarray]) -> l
         else:  # on the CPU's products at export (fp16's: bench/gpu.py measures it on the GPU)
             graph["accuracy"] = accuracy(got, fp32)
     return fp32
+
+
+def _above_layer_0(graph: dict) -> float:
+    return min(graph["accuracy"]["min_cosine_vs_fp32_by_layer"][1:])
+
+
+def _int8_within_goal(model: BiLM, graphs: list[dict], folder: Path, fp32: list[np.ndarray]) -> None:
+    """The int8 graph rewritten with INT8_FALLBACK when its scheme misses INT8_GOAL, and the better of the two kept,
+    its scheme and accuracy in its manifest entry."""
+    graph = next((g for g in graphs if g["precision"] == "int8"), None)
+    if graph is None or _above_layer_0(graph) >= INT8_GOAL or graph["quantization"] == INT8_FALLBACK.to_dict():
+        return
+    first = Int8(**graph["quantization"])
+    for scheme in (INT8_FALLBACK, first):  # first back again if the fallback does no better
+        save_onnx(build_onnx_model(model, "int8", scheme), folder / graph["file"])
+        engine = Engine(folder, provider="cpu", graph="loop", precision="int8")
+        measured = {"quantization": scheme.to_dict(), "accuracy": accuracy(engine.run(CHECK_SENTENCES), fp32)}
+        del engine
+        if scheme is first or _above_layer_0(measured) > _above_layer_0(graph):
+            graph.update(measured)
+            return
 
 
 def _replace_export(folder: Path, out_dir: Path) -> None:

@@ -169,3 +169,27 @@ def test_elmo_serve_with_precision_int8(tiny_model_dir, int8_engine, sentences, 
             got = np.frombuffer(base64.b64decode(item["embedding"]), "<f4").reshape(item["shape"])
             np.testing.assert_array_equal(got, want)  # the same bits, batched by the server as it likes
         assert counter(client, "elmo_canary_agree", model=tiny_model_dir.name) == 1
+
+
+def test_an_export_whose_int8_scheme_misses_the_goal_keeps_the_token_encoder_in_fp32(
+    tiny_dir, tiny_model_dir, tmp_path, monkeypatch
+):
+    """Where INT8 misses the goal on the check sentences (here made to, with a goal no int8 graph reaches), the
+    export writes the int8 graph again with the token encoder's products in fp32 and keeps the better of the two,
+    saying so in the manifest; the graph's integer products are those its scheme names."""
+    import model_export.export as export
+
+    first = json.loads((tiny_model_dir / "manifest.json").read_text())
+    (first_int8,) = [g for g in first["graphs"] if g["precision"] == "int8"]
+    monkeypatch.setattr(export, "INT8_GOAL", 1.0)
+    manifest = export.export_published(tiny_dir / "options.json", tiny_dir / "lm_weights.hdf5", tmp_path / "x")
+    (graph,) = [g for g in manifest["graphs"] if g["precision"] == "int8"]
+    by_layer = graph["accuracy"]["min_cosine_vs_fp32_by_layer"]
+    assert min(by_layer[LAYERS_ABOVE_0]) >= min(first_int8["accuracy"]["min_cosine_vs_fp32_by_layer"][LAYERS_ABOVE_0])
+    model = onnx.load(str(tmp_path / "x" / "model_int8.onnx"))
+    outside = sum(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
+    if graph["quantization"] == export.INT8_FALLBACK.to_dict():
+        assert outside == 2 * 2 and by_layer[0] > 0.9999999  # the LSTMs' input products alone; layer 0 is fp32's
+    else:
+        assert graph["quantization"] == first_int8["quantization"] and outside == 2 * 2 + 2 * 2 + 1
+    assert json.loads((tmp_path / "x" / "manifest.json").read_text())["graphs"] == manifest["graphs"]
