@@ -27,7 +27,7 @@ def test_loads_in_the_published_layout_with_a_real_architecture():
     assert opt.n_layers >= 2 and opt.skip_connections and opt.proj_dim < opt.cell_dim
     (layers,) = torch_layers(bilm, [["The", "bank", "of", "the", "river", "."]])
     assert layers.shape == (opt.n_layers + 1, 6, opt.output_dim) and np.isfinite(layers).all()
-    assert len(Vocabulary.load(DEFAULT / "vocab.txt")) == 16000
+    assert len(Vocabulary.load(DEFAULT / "vocab.txt")) == 32000
 
 
 def test_model_card_reports_the_training_log():
