@@ -27,7 +27,7 @@ def allennlp_python() -> str:
 
 def run_allennlp(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """tests/allennlp_reference/<script> in the allennlp environment, one thread (the machine is shared)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'client'}"}
     return subprocess.run(
         [allennlp_python(), str(HERE / script), *args], env=env, capture_output=True, text=True, timeout=timeout
     )
