@@ -88,18 +88,14 @@ test: install lint
 # allennlp 2.10.1 for the tests that compare with allennlp itself (tests/allennlp_reference: its `elmo` command, its
 # ElmoEmbedder's ConfigurationError, its Elmo module), beside this venv's torch: allennlp without its dependencies and
 # the few small packages its ELMo code imports, in build/allennlp/lib, run by build/allennlp/python (the venv's
-# interpreter with that folder first). Those tests skip without it, and fail without it where CI is set (.ci/run
+# interpreter with that folder first): scripts/install.sh --allennlp. Those tests skip without it, and fail without it where CI is set (.ci/run
 # builds it first). About 30 s.
 ALLENNLP_ENV := build/allennlp
 allennlp: $(ALLENNLP_ENV)/python
 
 $(ALLENNLP_ENV)/python: | install
 	rm -rf $(ALLENNLP_ENV)
-	$(BIN)/pip install --quiet --no-deps --target $(ALLENNLP_ENV)/lib allennlp==2.10.1 cached-path==1.1.6 \
-		rich==12.6.0 dill==0.4.1 base58==2.1.1 termcolor==1.1.0 lmdb==3.0.0
-	printf '#!/bin/sh\nPYTHONPATH="%s$${PYTHONPATH:+:$$PYTHONPATH}" exec "%s" "$$@"\n' \
-		"$(abspath $(ALLENNLP_ENV)/lib)" "$(abspath $(BIN)/python)" > $@.tmp
-	chmod +x $@.tmp && mv $@.tmp $@
+	@scripts/install.sh --venv $(VENV) --allennlp $(ALLENNLP_ENV) --log $(INSTALL_LOG)
 
 # Serve on 127.0.0.1:8000 (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply): the embedded default
 # model's export that the package ships, unless ELMO_MODELS or ELMO_MODEL_DIR name other models. No torch.
