@@ -130,3 +130,30 @@ def test_the_mix_learns_and_what_the_service_cannot_do_is_refused(server, senten
             Elmo(None, None, 1, url=server.url, **refused)
     with pytest.raises(FileNotFoundError, match=r"^file /nowhere/options\.json not found$"):
         Elmo("/nowhere/options.json", None, 1, url=server.url)
+
+
+# allennlp 2.10.1's tests/modules/elmo_test.py, the TestElmo cases that need no torch biLM of ours (test_elmo,
+# test_elmo_4D_input; the others pass a module, keep the boundaries or cache a vocabulary: refused above), asserted
+# again here on the same sentences (allennlp's file needs its data classes to run, so it is not vendored).
+ALLENNLP_SENTENCES = [["The", "sentence", "."], ["ELMo", "helps", "disambiguate", "ELMo", "from", "Elmo", "."]]
+
+
+def test_allennlps_test_elmo_shapes(server):
+    output = Elmo(None, None, 2, dropout=0.0, url=server.url)(batch_to_ids(ALLENNLP_SENTENCES))
+    assert len(output["elmo_representations"]) == 2
+    assert [list(r.size()) for r in output["elmo_representations"]] == [[2, 7, 32], [2, 7, 32]]
+    assert list(output["mask"].size()) == [2, 7]
+
+
+def test_allennlps_test_elmo_4d_input(server):
+    batches = [ALLENNLP_SENTENCES, [["1", "2"], ["1", "2", "3", "4", "5", "6", "7"]],
+               [["1", "2", "3", "4", "50", "60", "70"], ["The"]]]  # fmt: skip
+    elmo = Elmo(None, None, 2, dropout=0.0, url=server.url)
+    ids = [batch_to_ids(b) for b in batches]
+    four_d = elmo(torch.cat([i.unsqueeze(1) for i in ids], dim=1))  # (2, 3, 7, 50)
+    assert list(four_d["elmo_representations"][0].size()) == [2, 3, 7, 32] and list(four_d["mask"].size()) == [2, 3, 7]
+    for k, i in enumerate(ids):  # allennlp resets its biLM's state between these: the service has none to reset
+        np.testing.assert_array_almost_equal(
+            four_d["elmo_representations"][0][:, k].detach().numpy(),
+            elmo(i)["elmo_representations"][0].detach().numpy(),
+        )
