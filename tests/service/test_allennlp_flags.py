@@ -108,11 +108,11 @@ def test_the_model_files_are_exported_once(compared, capsys):
     assert (next((work / "cache").iterdir()) / "manifest.json").is_file()
 
 
-def test_a_repeated_sentence_under_sentence_keys_is_refused(compared, tiny_dir, tmp_path, capsys):
+def test_a_repeated_sentence_under_sentence_keys_is_refused(tiny_dir, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("the same line\nanother\n  the same line\n")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ELMO_CACHE_DIR", str(compared[3] / "cache"))
+        mp.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
         code = embed_main([str(source), str(tmp_path / "out.hdf5"), "--use-sentence-keys", "--no-progress",
                            "--options-file", str(tiny_dir / "options.json"),
                            "--weight-file", str(tiny_dir / "lm_weights.hdf5")])  # fmt: skip
