@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 # The embedded default model's export, shipped in the service package (package data): `make default-export`
 EMBEDDED := service/embedded/default
 
-.PHONY: install lint format test serve default-export lock package train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
+.PHONY: install lint format test allennlp serve default-export lock package train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
@@ -84,6 +84,18 @@ format: install
 
 test: install lint
 	$(BIN)/python -m pytest -q
+
+# allennlp 2.10.1 for the tests that compare with allennlp itself (tests/allennlp_reference: its `elmo` command, its
+# ElmoEmbedder's ConfigurationError, its Elmo module), beside this venv's torch: allennlp without its dependencies and
+# the few small packages its ELMo code imports, in build/allennlp/lib, run by build/allennlp/python (the venv's
+# interpreter with that folder first): scripts/install.sh --allennlp. Those tests skip without it, and fail without it where CI is set (.ci/run
+# builds it first). About 30 s.
+ALLENNLP_ENV := build/allennlp
+allennlp: $(ALLENNLP_ENV)/python
+
+$(ALLENNLP_ENV)/python: | install
+	rm -rf $(ALLENNLP_ENV)
+	@scripts/install.sh --venv $(VENV) --allennlp $(ALLENNLP_ENV) --log $(INSTALL_LOG)
 
 # Serve on 127.0.0.1:8000 (ELMO_PORT, ELMO_HOST and every other ELMO_* variable apply): the embedded default
 # model's export that the package ships, unless ELMO_MODELS or ELMO_MODEL_DIR name other models. No torch.

@@ -4,6 +4,7 @@
 #
 #   scripts/install.sh [--venv DIR] [--runtime cpu|gpu] [--export] [--otel] [--dev] [--editable]
 #                      [--lock FILE | --no-lock] [--log FILE] [--dry-run] [SOURCE]
+#   scripts/install.sh --venv DIR --allennlp FOLDER [--log FILE] [--dry-run]
 #
 #   --venv DIR      create DIR with $PYTHON (default python3) if it is missing, and install into it
 #                   (default: the python3 on PATH, or $PYTHON)
@@ -20,6 +21,9 @@
 #   --no-lock       the newest versions pyproject.toml's ranges allow, as a library user gets them
 #   --log FILE      pip's output goes to FILE (appended), and the terminal gets one line per step; on a failure,
 #                   the step, the last lines of FILE and its path (without --log: everything on the terminal)
+#   --allennlp F    only this: allennlp 2.10.1 for the tests that compare with it (`make allennlp`), beside the
+#                   venv's torch (installed first by --export): allennlp without its dependencies and the few small
+#                   packages its ELMo code imports, in F/lib, and F/python, the venv's interpreter with F/lib first
 #   --dry-run       print the commands, run nothing
 #   SOURCE          the project folder (default: the folder above this script)
 #
@@ -30,6 +34,8 @@
 set -euo pipefail
 
 TORCH="torch==2.13.0"
+ALLENNLP=(allennlp==2.10.1 cached-path==1.1.6 rich==12.6.0 dill==0.4.1 base58==2.1.1 termcolor==1.1.0 lmdb==3.0.0)
+allennlp=""
 venv="" runtime="cpu" export_tools=0 otel=0 dev=0 editable=0 dry_run=0 log="" lock="" locked=1
 source_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -50,6 +56,7 @@ while [ $# -gt 0 ]; do
         --lock) lock="${2:?--lock needs a file}"; shift 2 ;;
         --no-lock) locked=0; shift ;;
         --dry-run) dry_run=1; shift ;;
+        --allennlp) allennlp="${2:?--allennlp needs a folder}"; shift 2 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) source_dir="$1"; shift ;;
@@ -130,6 +137,19 @@ if [ -n "$venv" ]; then
     python="$venv/bin/python"
 fi
 pip=("$python" -m pip install --disable-pip-version-check)
+
+if [ -n "$allennlp" ]; then
+    [ -n "$venv" ] || die "--allennlp needs --venv: the environment whose torch allennlp runs with"
+    run "allennlp 2.10.1 in $allennlp/lib" "${pip[@]}" --no-deps --target "$allennlp/lib" "${ALLENNLP[@]}"
+    wrapper='#!/bin/sh\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" exec "%s" "$@"\n'
+    if [ "$dry_run" = 1 ]; then
+        echo "+ $allennlp/python: $python with $allennlp/lib first on its path"
+    else  # absolute paths, the venv's own (not its interpreter's target): the tests run it from anywhere
+        printf "$wrapper" "$(cd "$allennlp/lib" && pwd)" "$(cd "$venv/bin" && pwd)/python" >"$allennlp/python"
+        chmod +x "$allennlp/python"
+    fi
+    exit 0
+fi
 
 run "pip, upgraded" "${pip[@]}" --upgrade pip
 # The other runtime would overwrite (or be overwritten by) the one installed below.

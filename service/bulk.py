@@ -9,6 +9,9 @@ per line, and "sentence_to_index", a JSON object from sentence text to line inde
 Sharding (`--shard i/n`) splits one input between n jobs without a pass over the file: line k (0-based)
 belongs to shard k mod n. A shard's output keeps the original line indexes as dataset names and in
 sentence_to_index, so the n outputs are disjoint and together hold every line exactly once.
+
+`Output` chooses what is written, as allennlp's `elmo` command's flags do: every layer, the top one or their
+mean; line indexes or the sentences themselves as dataset names; sentence_to_index or not.
 """
 
 from __future__ import annotations
@@ -67,6 +70,28 @@ class Shard:
 ALL_LINES = Shard()
 
 
+@dataclass(frozen=True)
+class Output:
+    """What each line's dataset holds and how it is named, with allennlp 0.9's `elmo` flags' meaning: `layers`
+    "all" (num_layers, n_tokens, dim), "top" (the last layer) or "average" (the layers' mean), (n_tokens, dim);
+    `sentence_keys`: the stripped line is the dataset's name (a repeated line is an error, as in allennlp) and
+    there is no sentence_to_index; `forget_sentences`: no sentence_to_index."""
+
+    layers: str = "all"
+    sentence_keys: bool = False
+    forget_sentences: bool = False
+
+    def select(self, layers: np.ndarray) -> np.ndarray:
+        if self.layers == "top":
+            return layers[-1]
+        if self.layers == "average":
+            return np.average(layers, axis=0)  # as allennlp: numpy's mean of the float32 layers
+        return layers
+
+
+ALL_LAYERS = Output()
+
+
 def read_sentences(path: str | Path, shard: Shard = ALL_LINES) -> Iterator[tuple[int, list[str], str, int]]:
     """(line index, tokens, text, bytes read) per line of the shard, from a .txt (whitespace-tokenized) or
     .jsonl (JSON list of tokens). Line indexes count from 0; bytes read include the other shards' lines
@@ -95,7 +120,8 @@ def read_sentences(path: str | Path, shard: Shard = ALL_LINES) -> Iterator[tuple
                 text = line.strip()
                 tokens = text.split()
             if not tokens:
-                raise InputError(f"{path}:{number}: empty sentence")
+                # allennlp 0.9's `elmo` refuses the whole file too (ConfigurationError naming the empty lines)
+                raise InputError(f"{path}:{number}: empty sentence (remove the line, as allennlp asks)")
             yield number - 1, tokens, text, skipped + len(raw)
             skipped = 0
 
@@ -120,6 +146,7 @@ def embed_file(
     batch_tokens: int = 4096,
     progress: bool = True,
     shard: Shard = ALL_LINES,
+    output: Output = ALL_LAYERS,
 ) -> dict:
     """Embed every line of input_path (of the shard) into output_path; returns counts and timing.
 
@@ -142,7 +169,7 @@ def embed_file(
     assembled: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     reader = _Stage(stop, _read_ahead, input_path, shard, batch_tokens, planned, stop)
     assembler = _Stage(stop, _assemble, finished, assembled, stop)
-    writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started)
+    writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output)
     stages = (reader, assembler, writer)
     try:
         for stage in stages:
@@ -214,6 +241,7 @@ def _embed_packed(engine: Engine, planned: queue.Queue, finished: queue.Queue, s
 READ_AHEAD_CHUNKS = 1  # and one more being read: a chunk is CHUNK_BATCHES batches of engine work, ample slack
 WRITE_BEHIND_BATCHES = 2
 POLL_S = 0.1  # how often a stage blocked on a queue looks whether another one has failed
+PENDING = "\n"  # the group of the datasets not yet named by their sentence (--use-sentence-keys)
 
 
 class _Stopped(Exception):
@@ -305,16 +333,25 @@ def _assemble(finished: queue.Queue, assembled: queue.Queue, stop: threading.Eve
     _put(assembled, _END, stop)
 
 
-def _write_behind(partial: Path, finished: queue.Queue, stop: threading.Event, bar: tqdm, started: float):
+def _write_behind(
+    partial: Path, finished: queue.Queue, stop: threading.Event, bar: tqdm, started: float, output: Output
+):
     """Writer stage: one dataset per line of each finished batch, then, at _END, sentence_to_index. Returns the
-    sentences and tokens written."""
+    sentences and tokens written. With sentence keys, each dataset is written under its line index in a group
+    no sentence can name (a line holds no newline) and moved to its sentence at the end (a link's move, no
+    copy): a batch's text reaches this stage only after its layers."""
     sentence_to_index: dict[str, str] = {}
     sentences = tokens_total = 0
     with h5py.File(partial, "w") as out:
         write = _dataset_writer(out)
+        if output.sentence_keys:
+            out.create_group(PENDING)
         while (item := _get(finished, stop)) is not _END:
             if isinstance(item, list):  # a chunk, all of whose batches came before it
                 for line_index, tokens, text, read in item:
+                    if output.sentence_keys and text in sentence_to_index:  # allennlp's words
+                        raise InputError(f"line {line_index}: key already exists: to encode duplicate sentences, "
+                                         "do not pass --use-sentence-keys")  # fmt: skip
                     sentence_to_index[text] = str(line_index)  # in line order: a repeated sentence keeps its last
                     sentences += 1
                     tokens_total += len(tokens)
@@ -324,10 +361,15 @@ def _write_behind(partial: Path, finished: queue.Queue, stop: threading.Event, b
             for line_index, layers in zip(*item, strict=True):
                 if stop.is_set():  # another stage failed: this file is about to be removed
                     raise _Stopped
-                write(str(line_index), layers)
+                write(f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index), output.select(layers))
         bar.update(bar.total - bar.n)  # the other shards' lines after this shard's last one
-        index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
-        index[0] = json.dumps(sentence_to_index)
+        if output.sentence_keys:
+            for text, line_index in sentence_to_index.items():
+                out.move(f"{PENDING}/{line_index}", text)  # a "/" in it makes groups, as allennlp's create_dataset
+            del out[PENDING]
+        elif not output.forget_sentences:
+            index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+            index[0] = json.dumps(sentence_to_index)
     return sentences, tokens_total
 
 

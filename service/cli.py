@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import shutil
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 from service import __version__
-from service.bulk import ALL_LINES, InputError, Shard, embed_file
+from service.bulk import ALL_LINES, InputError, Output, Shard, embed_file
 from service.engine import canary
 from service.engine.session import Engine
 from service.logs import configure as configure_logs
+from service.manifest import GRAPH_VERSION
 from service.settings import DEFAULT_MODEL_DIR, default_batch_tokens
 
 
@@ -22,11 +27,12 @@ def _shard(text: str) -> Shard:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def embed_main(argv: list[str] | None = None) -> int:
+def _embed_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elmo-embed",
         description="Embed a file of sentences (.txt: one whitespace-tokenized sentence per line; "
-        ".jsonl: one JSON list of tokens per line) into hdf5, one dataset per line.",
+        ".jsonl: one JSON list of tokens per line) into hdf5, one dataset per line. Takes allennlp 0.9's "
+        "`allennlp elmo` flags with their meaning (docs/allennlp.md).",
     )
     parser.add_argument("--version", action="version", version=f"elmo-embed {__version__}")
     parser.add_argument(
@@ -65,10 +71,56 @@ def embed_main(argv: list[str] | None = None) -> int:
         help="embed only the lines k with k mod N == I (lines and I counted from 0), keeping their line indexes "
         "as keys: N jobs with --shard 0/N ... N-1/N cover the input exactly once",
     )
+    allennlp = parser.add_argument_group("allennlp 0.9's `elmo` command's flags, with its meaning")
+    layers = allennlp.add_mutually_exclusive_group()
+    layers.add_argument("--all", dest="layers", action="store_const", const="all", help="every layer (default)")
+    layers.add_argument("--top", dest="layers", action="store_const", const="top", help="the top layer")
+    layers.add_argument("--average", dest="layers", action="store_const", const="average", help="the layers' mean")
+    allennlp.add_argument("--options-file", help="a published-layout options.json (with --weight-file): exported "
+                          "once by elmo-export into a cache folder (ELMO_CACHE_DIR), instead of --model")  # fmt: skip
+    allennlp.add_argument("--weight-file", help="the published-layout weights.hdf5 (with --options-file)")
+    allennlp.add_argument("--batch-size", type=int, help=f"N sentences: --batch-tokens N x {BATCH_SIZE_TOKENS}")
+    allennlp.add_argument("--cuda-device", type=int, help="N: the CUDA provider on device N; -1: the CPU")
+    allennlp.add_argument("--forget-sentences", action="store_true", help="no sentence_to_index dataset")
+    allennlp.add_argument("--use-sentence-keys", action="store_true",
+                          help="each line's stripped text names its dataset (no sentence_to_index)")  # fmt: skip
+    allennlp.add_argument("--file-friendly-logging", action="store_true", help="as --no-progress")
+    allennlp.add_argument("--vocab-path", help="accepted and ignored, as allennlp 0.9 does")
+    return parser
+
+
+# allennlp batches --batch-size sentences whatever their length; the engine's batches are a budget of padded
+# tokens. N sentences of up to 62 tokens (plus the two boundaries) fill N x 64: the same order of work per batch.
+BATCH_SIZE_TOKENS = 64
+
+
+def _embed_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The command line, allennlp's flags turned into the engine's (provider, device, batch budget, model)."""
     args = parser.parse_args(argv)
+    if args.batch_size is not None:
+        if args.batch_tokens is not None:
+            parser.error("--batch-size and --batch-tokens both set the batch: give one")
+        if args.batch_size < 1:
+            parser.error("--batch-size must be at least 1")
+        args.batch_tokens = args.batch_size * BATCH_SIZE_TOKENS
     if args.batch_tokens is not None and args.batch_tokens < 1:
         parser.error("--batch-tokens must be at least 1")
+    if args.cuda_device is not None:
+        if args.provider != "auto":
+            parser.error("--cuda-device and --provider both choose the device: give one")
+        args.provider, args.device_id = ("cpu", 0) if args.cuda_device < 0 else ("cuda", args.cuda_device)
+    if (args.options_file is None) != (args.weight_file is None):
+        parser.error("--options-file and --weight-file go together (or --model, a folder written by elmo-export)")
+    args.no_progress = args.no_progress or args.file_friendly_logging
+    args.output_kind = Output(args.layers or "all", args.use_sentence_keys, args.forget_sentences)
+    return args
+
+
+def embed_main(argv: list[str] | None = None) -> int:
+    args = _embed_args(_embed_parser(), argv)
     try:
+        if args.options_file is not None:
+            args.model = exported_model(args.options_file, args.weight_file)
         engine = Engine(
             args.model,
             provider=args.provider,
@@ -83,7 +135,13 @@ def embed_main(argv: list[str] | None = None) -> int:
             raise canary.CanaryMismatch("the canaries disagree (--canary warn embeds anyway)")
         batch_tokens = args.batch_tokens or default_batch_tokens(engine.provider)
         stats = embed_file(
-            engine, args.input, args.output, batch_tokens, progress=not args.no_progress, shard=args.shard
+            engine,
+            args.input,
+            args.output,
+            batch_tokens,
+            progress=not args.no_progress,
+            shard=args.shard,
+            output=args.output_kind,
         )
     except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
         print(f"elmo-embed: {err}", file=sys.stderr)
@@ -95,6 +153,46 @@ def embed_main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def exported_model(options_file: str, weight_file: str) -> Path:
+    """allennlp's model files as an export elmo-embed can run: elmo-export's folder for them, made once in the
+    cache (ELMO_CACHE_DIR, else ~/.cache/elmo-service/allennlp) under the hash of both files and the graph
+    version, so the same files are exported again only when the service's graph changes."""
+    files = [Path(options_file), Path(weight_file)]
+    for given in (options_file, weight_file):
+        if "://" in given:
+            raise FileNotFoundError(
+                f"{given}: elmo-embed reads local files only: download it, or export the "
+                "model once with elmo-export and pass --model"
+            )
+        if not Path(given).is_file():
+            raise FileNotFoundError(f"file {given} not found")  # allennlp's cached_path's words
+    digest = hashlib.sha256(f"graph {GRAPH_VERSION}".encode())
+    for path in files:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    cache = Path(os.environ.get("ELMO_CACHE_DIR") or Path.home() / ".cache" / "elmo-service" / "allennlp")
+    folder = cache / digest.hexdigest()[:16]
+    if (folder / "manifest.json").is_file():
+        return folder
+    export = shutil.which("elmo-export", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if export is None:
+        raise FileNotFoundError(
+            "--options-file/--weight-file are exported by elmo-export, not installed here "
+            "(pip install 'elmo-service[export]'): or export elsewhere and pass --model"
+        )
+    print(f"elmo-embed: exporting {options_file} and {weight_file} once into {folder}", file=sys.stderr)
+    cache.mkdir(parents=True, exist_ok=True)
+    work = cache / f"{folder.name}.partial-{os.getpid()}"
+    done = subprocess.run([export, "--options", str(files[0]), "--weights", str(files[1]), "--out", str(work)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    if done.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(f"elmo-export failed on {options_file} and {weight_file}: {done.stderr.strip()[-2000:]}")
+    os.replace(work, folder)  # whole or not at all: a second elmo-embed finds a finished folder or none
+    return folder
 
 
 def cannot_listen(host: str, port: int) -> OSError | None:

@@ -4,25 +4,30 @@ allennlp's methods with its documented shapes, and numbers equal to the service'
 
 from __future__ import annotations
 
+import gc
 import inspect
 import io
 import json
+import warnings
 
 import h5py
 import numpy as np
 import pytest
-from elmo_client import Client
+from elmo_client import Client, ElmoError
 from elmo_client.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, ConfigurationError, ElmoEmbedder
 
+from tests.allennlp_reference import run_allennlp
 from tests.conftest import max_error
 from tests.live_server import running_server
 
 NUM_LAYERS, DIM = 3, 32
+MAX_TOKENS = 60  # the server's max_tokens_per_sentence here: above every fixture sentence (53 at most)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    with running_server(tiny_model_dir, tmp_path_factory.mktemp("allennlp")) as s:
+    settings = {"ELMO_MAX_TOKENS_PER_SENTENCE": str(MAX_TOKENS)}
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("allennlp"), settings) as s:
         yield s
 
 
@@ -114,3 +119,60 @@ def test_the_url_comes_from_elmo_url(server, monkeypatch, sentences, expected):
         assert max_error([elmo.embed_sentence(sentences[3])], expected[3:4]) <= 1e-5
     finally:
         elmo.close()
+
+
+def test_configuration_error_is_allennlps_where_allennlp_imports(tmp_path):
+    done = run_allennlp("configuration_error.py", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result == {
+        "subclass": True,
+        "caught": "Your input file contains empty lines at indexes [1]. Please remove them.",
+    }
+    assert not issubclass(ConfigurationError, type(None)) and issubclass(
+        ConfigurationError, Exception
+    )  # here: no allennlp
+
+
+def test_a_model_file_that_does_not_exist_is_refused_in_allennlps_words(tmp_path):
+    for options, weights in ((str(tmp_path / "options.json"), None), (None, str(tmp_path / "weights.hdf5"))):
+        with pytest.raises(FileNotFoundError, match=r"^file .* not found$"):
+            ElmoEmbedder(options, weights, url="http://127.0.0.1:9")
+
+
+def test_files_and_device_given_are_warned_once_naming_the_servers_model(server, tiny_dir, sentences, recwarn):
+    with ElmoEmbedder(str(tiny_dir / "options.json"), str(tiny_dir / "lm_weights.hdf5"), 0, url=server.url) as elmo:
+        model = elmo.client.info()["model"]
+        with pytest.warns(UserWarning) as warned:
+            elmo.embed_sentence(sentences[0])
+        (warning,) = warned
+        message = str(warning.message)
+        assert "options_file=" in message and "weight_file=" in message and "cuda_device=0" in message
+        assert f"its model {model!r} ({NUM_LAYERS} layers of {DIM})" in message
+        recwarn.clear()
+        elmo.embed_batch(sentences[:2])
+        assert not [w for w in recwarn if issubclass(w.category, UserWarning)]  # once
+    with ElmoEmbedder(url=server.url) as plain:  # nothing given: nothing to warn about
+        plain.embed_sentence(sentences[0])
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+def test_the_embedder_is_a_context_manager_that_closes_its_connections(server, sentences):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with ElmoEmbedder(url=server.url) as elmo:
+            assert elmo.embed_sentence(sentences[0]).shape == (NUM_LAYERS, len(sentences[0]), DIM)
+        assert elmo.client._http.is_closed
+        del elmo
+        gc.collect()
+
+
+def test_a_sentence_over_the_servers_limit_is_refused_before_sending(server, sentences):
+    with ElmoEmbedder(url=server.url) as elmo:
+        sent = []
+        elmo.client._http.event_hooks["request"].append(lambda request: sent.append(request.url.path))
+        long = ["word"] * (MAX_TOKENS + 1)
+        with pytest.raises(ElmoError, match=r"of 61 tokens .* max_tokens_per_sentence, 60: split it") as refused:
+            elmo.embed_batch([sentences[0], long])
+        assert refused.value.status == 413 and "/embed" not in sent
+        assert elmo.embed_sentence(["word"] * MAX_TOKENS).shape == (NUM_LAYERS, MAX_TOKENS, DIM)  # at the limit

@@ -1,11 +1,12 @@
 """The examples of the README and of the docs run as pasted: every shell and Python block of the README's quick
 start and of the pages that hold the service's examples (docs/api.md, with several models; docs/client.md, the
-Python client, allennlp, OpenAI's clients and LangChain; docs/cli.md), against a real elmo-serve of the embedded
-default model, in a folder laid out as a checkout after `make serve` (.venv/, service/embedded/default/). A block's id
-names its file and line (docs/api.md:line-42). Where a page shows what a block prints (the JSON block after it),
-the output is compared with it: the same structure and keys, strings and integers equal, and each number shown to
-k decimals within half a unit of its last digit; "[...]" stands for any value, "..." at the end of an object for
-more keys, and "... N numbers" at the end of a list for the rest of N.
+Python client, allennlp, OpenAI's clients and LangChain; docs/cli.md; docs/allennlp.md, the migration from allennlp),
+against a real elmo-serve of the embedded default model, in a folder laid out as a checkout after `make serve`
+(.venv/, service/embedded/default/). A block's id names its file and line (docs/api.md:line-42). Where a page
+shows what a block prints (the JSON block after it), the output is compared with it: the same structure and keys,
+strings and integers equal, and each number shown to k decimals within half a unit of its last digit; "[...]"
+stands for any value, "..." at the end of an object for more keys, and "... N numbers" at the end of a list for the
+rest of N.
 
 A hidden comment before a block says what the test does beside running it, one directive a line:
 
@@ -48,6 +49,7 @@ SOURCES: dict[str, tuple[str, ...] | None] = {
     "docs/api.md": None,
     "docs/client.md": None,
     "docs/cli.md": None,
+    "docs/allennlp.md": None,
 }
 BLOCK_S = 120
 
@@ -281,6 +283,9 @@ def test_the_docs_have_runnable_blocks_in_every_section_they_cover():
         ("docs/client.md", "OpenAI's clients"),
         ("docs/client.md", "LangChain"),
         ("docs/cli.md", "`elmo-embed`: a file of sentences to hdf5"),
+        ("docs/allennlp.md", "The `elmo` command"),
+        ("docs/allennlp.md", "`ElmoEmbedder`"),
+        ("docs/allennlp.md", "The `Elmo` module"),
     } <= sections
     assert all(b.shown is None or b.language == "sh" for b in BLOCKS)
 

@@ -1,0 +1,204 @@
+"""allennlp's `Elmo` module and `batch_to_ids`, backed by the service: torch code written for allennlp changes
+one import (needs torch: `pip install 'elmo-client[torch]'`),
+
+    from allennlp.modules.elmo import Elmo, batch_to_ids   ->   from elmo_client.elmo import Elmo, batch_to_ids
+
+`Elmo(options_file, weight_file, num_output_representations, ...)` called on `batch_to_ids(sentences)` returns
+allennlp's dict: "elmo_representations", a list of `num_output_representations` tensors (batch, timesteps, dim),
+each its own learned scalar mix of the biLM's layers, and "mask" (batch, timesteps), bool. The service computes
+the layers (one request per forward, the layers and not the mix); this module mixes them with allennlp's
+`ScalarMix` semantics (softmax-normalised weights and gamma, trained with the task unless
+`scalar_mix_parameters` fixes them; `do_layer_norm` over the unmasked positions; dropout on each representation),
+so gradients reach the mix as in allennlp. Parameter names are allennlp's (`scalar_mix_0.scalar_parameters.0`,
+`scalar_mix_0.gamma`), so a mix trained with allennlp loads with `load_state_dict(..., strict=False)`.
+
+The differences (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True`,
+`vocab_to_cache`, `keep_sentence_boundaries=True` and `module` are refused, saying why); its vectors are
+stateless; with `do_layer_norm=True` the statistics are over the sentences' tokens, where allennlp's include the
+two boundary tokens the service does not return. Character ids go back to tokens (the inverse of allennlp's
+mapping): exact for every token of at most 48 UTF-8 bytes, the ids' limit, as for allennlp's own biLM."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import torch
+
+from elmo_client.allennlp import ConfigurationError
+from elmo_client.client import Client
+
+# allennlp's ELMoCharacterMapper: a token is 50 ids, byte + 1, between begin- and end-of-word marks; 0 pads.
+MAX_WORD_LENGTH = 50
+BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
+SPECIAL = {BOS_CHAR: "<S>", EOS_CHAR: "</S>"}  # tokens written as one special character, as allennlp maps them
+
+
+def _char_ids(token: str) -> list[int]:
+    ids = [PAD_CHAR] * MAX_WORD_LENGTH
+    special = {text: char for char, text in SPECIAL.items()}.get(token)
+    content = [special] if special is not None else list(token.encode("utf-8", "ignore")[: MAX_WORD_LENGTH - 2])
+    ids[0] = BOW_CHAR
+    ids[1 : len(content) + 1] = content
+    ids[len(content) + 1] = EOW_CHAR
+    return [i + 1 for i in ids]
+
+
+def batch_to_ids(batch: list[list[str]]) -> torch.Tensor:
+    """allennlp's batch_to_ids: tokenized sentences -> character ids (batch, longest sentence, 50), int64, zeros
+    past each sentence's end."""
+    ids = torch.zeros((len(batch), max((len(s) for s in batch), default=0), MAX_WORD_LENGTH), dtype=torch.long)
+    for i, sentence in enumerate(batch):
+        for j, token in enumerate(sentence):
+            ids[i, j] = torch.tensor(_char_ids(token))
+    return ids
+
+
+def ids_to_tokens(ids: torch.Tensor) -> list[list[str]]:
+    """The tokens of character ids (batch, timesteps, 50): batch_to_ids's inverse (see the module's docstring)."""
+    sentences = []
+    for row in ids.detach().cpu().numpy():
+        tokens = []
+        for word in row:
+            if not word.any():
+                break  # padding: the sentence ended
+            chars = [int(c) - 1 for c in word[1:]]
+            content = chars[: chars.index(EOW_CHAR)]
+            if len(content) == 1 and content[0] in SPECIAL:
+                tokens.append(SPECIAL[content[0]])
+            else:  # a cut in the middle of a character (a token over 48 bytes) loses that character's bytes
+                tokens.append(bytes(content).decode("utf-8", "ignore"))
+        sentences.append(tokens)
+    return sentences
+
+
+class ScalarMix(torch.nn.Module):
+    """allennlp's ScalarMix: gamma * sum_k softmax(w)_k * layer_k, each layer first normalised over the unmasked
+    positions (mean and variance of all their numbers) when do_layer_norm."""
+
+    def __init__(
+        self,
+        mixture_size: int,
+        do_layer_norm: bool = False,
+        initial_scalar_parameters: list[float] | None = None,
+        trainable: bool = True,
+    ) -> None:
+        super().__init__()
+        self.mixture_size, self.do_layer_norm = mixture_size, do_layer_norm
+        initial = [0.0] * mixture_size if initial_scalar_parameters is None else initial_scalar_parameters
+        if len(initial) != mixture_size:
+            raise ConfigurationError(f"Length of initial_scalar_parameters {initial} differs from mixture_size "
+                                     f"{mixture_size}")  # fmt: skip
+        self.scalar_parameters = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.tensor([float(w)]), requires_grad=trainable) for w in initial]
+        )
+        self.gamma = torch.nn.Parameter(torch.tensor([1.0]), requires_grad=trainable)
+
+    def forward(self, tensors: list[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tensors: mixture_size tensors (batch, timesteps, dim); mask (batch, timesteps), needed for layer norm."""
+        if len(tensors) != self.mixture_size:
+            raise ConfigurationError(f"{len(tensors)} tensors were passed, but the module was initialized to mix "
+                                     f"{self.mixture_size} tensors.")  # fmt: skip
+        weights = torch.nn.functional.softmax(torch.cat(list(self.scalar_parameters)), dim=0)
+        if self.do_layer_norm:
+            assert mask is not None, "do_layer_norm needs the mask"
+            broadcast = mask.unsqueeze(-1).to(tensors[0].dtype)
+            count = broadcast.sum() * tensors[0].size(-1)
+            tensors = [_layer_norm(t, broadcast, count) for t in tensors]
+        return self.gamma * sum(w * t for w, t in zip(torch.split(weights, 1), tensors, strict=True))
+
+
+def _layer_norm(tensor: torch.Tensor, broadcast_mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    masked = tensor * broadcast_mask
+    mean = masked.sum() / count
+    variance = (((masked - mean) * broadcast_mask) ** 2).sum() / count
+    tiny = 1e-4 if tensor.dtype == torch.half else 1e-13  # allennlp's tiny_value_of_dtype
+    return (tensor - mean) / torch.sqrt(variance + tiny)
+
+
+class Elmo(torch.nn.Module):
+    """allennlp's Elmo (its signature, its output): see the module's docstring. `url`, `api_key`, `client`,
+    `model`, `timeout`: the service, as for elmo_client.Client (default $ELMO_URL, else http://127.0.0.1:8000)."""
+
+    def __init__(
+        self,
+        options_file: str | None,
+        weight_file: str | None,
+        num_output_representations: int,
+        requires_grad: bool = False,
+        do_layer_norm: bool = False,
+        dropout: float = 0.5,
+        vocab_to_cache: list[str] | None = None,
+        keep_sentence_boundaries: bool = False,
+        scalar_mix_parameters: list[float] | None = None,
+        module: torch.nn.Module | None = None,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+        model: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        super().__init__()
+        refused = {
+            "requires_grad=True": (requires_grad, "the service's biLM is not trained here: only the mix is"),
+            "vocab_to_cache": (vocab_to_cache is not None, "the server computes every token's characters"),
+            "keep_sentence_boundaries=True": (keep_sentence_boundaries, "the service returns the tokens' vectors"),
+            "module": (module is not None, "the biLM is the server's model"),
+        }
+        for name, (given, why) in refused.items():
+            if given:
+                raise ConfigurationError(f"Elmo: {name} is not supported by the service's Elmo: {why}")
+        for given in (options_file, weight_file):
+            if given is not None and "://" not in given and not os.path.exists(given):
+                raise FileNotFoundError(f"file {given} not found")  # allennlp's cached_path, in its words
+        self._files_given = options_file is not None or weight_file is not None
+        self._client = client or Client(
+            url or os.environ.get("ELMO_URL"), api_key or os.environ.get("ELMO_API_KEY"), timeout=timeout
+        )
+        self._model = model
+        info = self._client.info()
+        if model is not None and info.get("models"):
+            info = {**info["models"][model], "model": model}
+        self.num_layers, self._dim = int(info["num_layers"]), int(info["dim"])
+        if self._files_given:
+            warnings.warn(f"Elmo: options_file and weight_file are not used: the server at {self._client.url} "
+                          f"computes the layers with its model {info.get('model')!r} ({self.num_layers} layers of "
+                          f"{self._dim})", UserWarning, stacklevel=2)  # fmt: skip
+        self._dropout = torch.nn.Dropout(p=dropout)
+        self._scalar_mixes = []
+        for k in range(num_output_representations):
+            mix = ScalarMix(self.num_layers, do_layer_norm, scalar_mix_parameters, scalar_mix_parameters is None)
+            self.add_module(f"scalar_mix_{k}", mix)
+            self._scalar_mixes.append(mix)
+
+    def get_output_dim(self) -> int:
+        return self._dim
+
+    def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> dict:
+        """inputs: character ids (batch, timesteps, 50) from batch_to_ids (or (..., timesteps, 50)). Returns
+        {"elmo_representations": [(batch, timesteps, dim)] x num_output_representations, "mask": (batch,
+        timesteps) bool}, zeros past each sentence's end, as allennlp's."""
+        if word_inputs is not None:
+            raise ConfigurationError("Elmo: word_inputs need vocab_to_cache, which the service's Elmo does not have")
+        shape = inputs.shape
+        ids = inputs.reshape(-1, shape[-2], shape[-1])
+        mask = (ids > 0).any(dim=-1)  # (batch, timesteps)
+        layers = self._layers(ids_to_tokens(ids), ids.shape[1], inputs.device)  # num_layers x (batch, time, dim)
+        representations = []
+        for mix in self._scalar_mixes:
+            mixed = mix(layers, mask) * mask.unsqueeze(-1)  # allennlp leaves zeros past the end, layer norm or not
+            representations.append(self._dropout(mixed).reshape(*shape[:-1], -1))
+        return {"elmo_representations": representations, "mask": mask.reshape(shape[:-1])}
+
+    def _layers(self, sentences: list[list[str]], timesteps: int, device: torch.device) -> list[torch.Tensor]:
+        """The server's layers of the sentences, padded with zeros: one (batch, timesteps, dim) tensor a layer."""
+        batch = np.zeros((self.num_layers, len(sentences), timesteps, self._dim), dtype=np.float32)
+        given = [i for i, s in enumerate(sentences) if s]
+        embedded = (
+            self._client.embed([sentences[i] for i in given], output="layers", model=self._model) if given else []
+        )
+        for i, layers in zip(given, embedded, strict=True):
+            batch[:, i, : layers.shape[1]] = layers
+        return list(torch.from_numpy(batch).to(device))

@@ -1,0 +1,159 @@
+"""elmo_client.elmo (the torch extra) against allennlp 2.10.1's own Elmo on the fixture model, run in the allennlp
+environment (tests/allennlp_reference/elmo_module.py): the same character ids, masks and representations to 1e-5
+with the same mix parameters and dropout seed, and the same gradients on the mix parameters; with layer norm, the
+same as allennlp's ScalarMix over the tokens the service returns (allennlp's Elmo also counts the two boundary
+tokens: that difference is measured and printed)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from elmo_client.allennlp import ConfigurationError  # noqa: E402 (after torch's importorskip)
+from elmo_client.elmo import Elmo, batch_to_ids, ids_to_tokens  # noqa: E402
+
+from tests.allennlp_reference import run_allennlp  # noqa: E402
+from tests.live_server import running_server  # noqa: E402
+
+MIXES = [[0.3, -0.2, 0.5, 1.7], [-1.0, 0.0, 2.0, 0.6]]  # per representation: the 3 weights (before softmax), gamma
+CASES = [
+    {"name": "plain", "do_layer_norm": False, "dropout": 0.0, "seed": 1, "fixed": None, "mixes": MIXES},
+    {"name": "layer_norm", "do_layer_norm": True, "dropout": 0.0, "seed": 1, "fixed": None, "mixes": MIXES},
+    {"name": "dropout", "do_layer_norm": False, "dropout": 0.5, "seed": 7, "fixed": None, "mixes": MIXES},
+    {"name": "fixed", "do_layer_norm": False, "dropout": 0.0, "seed": 1, "fixed": [0.1, 0.2, 0.7],
+     "mixes": [[0.1, 0.2, 0.7, 1.0]]},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("elmo-module")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir, sentences, tmp_path_factory):
+    """allennlp's outputs and gradients, and the loss's targets (random, fixed by a seed)."""
+    work = tmp_path_factory.mktemp("elmo-module-reference")
+    rng = np.random.default_rng(0)
+    shape = (len(sentences), max(map(len, sentences)), 32)
+    targets = {f"t{k}": rng.standard_normal(shape).astype(np.float32) for k in range(len(MIXES))}
+    np.savez(work / "targets.npz", **targets)
+    spec = {"options": str(tiny_dir / "options.json"), "weights": str(tiny_dir / "lm_weights.hdf5"),
+            "sentences": sentences, "targets": str(work / "targets.npz"), "cases": CASES}  # fmt: skip
+    (work / "spec.json").write_text(json.dumps(spec))
+    done = run_allennlp("elmo_module.py", str(work / "spec.json"), str(work / "out.npz"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(np.load(work / "out.npz")), [torch.from_numpy(t) for t in targets.values()]
+
+
+def ours(case, server, sentences, targets):
+    """The service-backed Elmo on the case: its output and the gradients of the same loss on each mix."""
+    elmo = Elmo(None, None, len(case["mixes"]), do_layer_norm=case["do_layer_norm"], dropout=case["dropout"],
+                scalar_mix_parameters=case["fixed"], url=server.url)  # fmt: skip
+    mixes = [getattr(elmo, f"scalar_mix_{k}") for k in range(len(case["mixes"]))]
+    with torch.no_grad():
+        for mix, values in zip(mixes, case["mixes"], strict=True):
+            for parameter, value in zip(mix.scalar_parameters, values[:-1], strict=True):
+                parameter.fill_(value)
+            mix.gamma.fill_(values[-1])
+    elmo.train(case["dropout"] > 0)
+    torch.manual_seed(case["seed"])
+    result = elmo(batch_to_ids(sentences))
+    loss = sum((r * targets[k]).sum() for k, r in enumerate(result["elmo_representations"]))
+    if case["fixed"] is None:  # fixed mix parameters: nothing to differentiate
+        loss.backward()
+    grads = [None if case["fixed"] else torch.cat([*(p.grad for p in m.scalar_parameters), m.gamma.grad]).numpy()
+             for m in mixes]  # fmt: skip
+    return result, grads
+
+
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float((np.abs(got - want) / np.maximum(1.0, np.abs(want))).max())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_outputs_and_mix_gradients_equal_allennlps_elmo(case, server, sentences, reference, capsys):
+    want, targets = reference
+    result, grads = ours(case, server, sentences, targets)
+    name = case["name"]
+    assert set(result) == {"elmo_representations", "mask"} and result["mask"].dtype == torch.bool
+    np.testing.assert_array_equal(result["mask"].numpy(), want[f"{name}/mask"])
+    # allennlp's Elmo itself, but with layer norm: allennlp's ScalarMix over the tokens the service returns
+    against = "tokens_" if case["do_layer_norm"] else ""
+    worst_out = worst_grad = 0.0
+    for k, r in enumerate(result["elmo_representations"]):
+        assert r.shape == (len(sentences), max(map(len, sentences)), 32) and r.dtype == torch.float32
+        worst_out = max(worst_out, float(np.abs(r.detach().numpy() - want[f"{name}/{against}rep{k}"]).max()))
+        if grads[k] is not None:
+            worst_grad = max(worst_grad, relative(grads[k], want[f"{name}/{against}grad{k}"]))
+    assert worst_out <= 1e-5 and worst_grad <= 1e-5
+    line = f"{name}: outputs max abs error {worst_out:.3g}, mix gradients max relative error {worst_grad:.3g}"
+    if case["do_layer_norm"]:  # the documented difference: allennlp's statistics include <S> and </S>
+        boundary = max(float(np.abs(r.detach().numpy() - want[f"{name}/rep{k}"]).max())
+                       for k, r in enumerate(result["elmo_representations"]))  # fmt: skip
+        line += f"; against allennlp's Elmo (boundaries in the statistics) {boundary:.3g}"
+    with capsys.disabled():
+        print(f"\n{line}")
+
+
+def test_batch_to_ids_is_allennlps_and_goes_back_to_the_tokens(sentences, reference):
+    want, _ = reference
+    ids = batch_to_ids(sentences)
+    np.testing.assert_array_equal(ids.numpy(), want["ids"])
+    assert ids.dtype == torch.long and ids_to_tokens(ids) == sentences
+    tricky = [["<S>", "</S>", "naïve", "ü" * 30], ["x" * 60], []]  # ü is 2 bytes: cut inside none of them at 48
+    assert ids_to_tokens(batch_to_ids(tricky)) == [["<S>", "</S>", "naïve", "ü" * 24], ["x" * 48], []]
+
+
+def test_the_mix_learns_and_what_the_service_cannot_do_is_refused(server, sentences):
+    elmo = Elmo(None, None, 1, dropout=0.0, url=server.url)
+    assert sorted(n for n, p in elmo.named_parameters()) == [  # allennlp's names: its trained mixes load
+        "scalar_mix_0.gamma",
+        "scalar_mix_0.scalar_parameters.0", "scalar_mix_0.scalar_parameters.1", "scalar_mix_0.scalar_parameters.2",
+        ]  # fmt: skip
+    optimizer = torch.optim.SGD(elmo.parameters(), lr=0.1)
+    ids = batch_to_ids(sentences[:4])
+    before = elmo(ids)["elmo_representations"][0].pow(2).mean()
+    for _ in range(3):
+        optimizer.zero_grad()
+        elmo(ids)["elmo_representations"][0].pow(2).mean().backward()
+        optimizer.step()
+    assert elmo(ids)["elmo_representations"][0].pow(2).mean() < before  # gradients reach the mix
+    assert elmo.get_output_dim() == 32
+    for refused in ({"requires_grad": True}, {"vocab_to_cache": ["a"]}, {"keep_sentence_boundaries": True}):
+        with pytest.raises(ConfigurationError, match="not supported by the service's Elmo"):
+            Elmo(None, None, 1, url=server.url, **refused)
+    with pytest.raises(FileNotFoundError, match=r"^file /nowhere/options\.json not found$"):
+        Elmo("/nowhere/options.json", None, 1, url=server.url)
+
+
+# allennlp 2.10.1's tests/modules/elmo_test.py, the TestElmo cases that need no torch biLM of ours (test_elmo,
+# test_elmo_4D_input; the others pass a module, keep the boundaries or cache a vocabulary: refused above), asserted
+# again here on the same sentences (allennlp's file needs its data classes to run, so it is not vendored).
+ALLENNLP_SENTENCES = [["The", "sentence", "."], ["ELMo", "helps", "disambiguate", "ELMo", "from", "Elmo", "."]]
+
+
+def test_allennlps_test_elmo_shapes(server):
+    output = Elmo(None, None, 2, dropout=0.0, url=server.url)(batch_to_ids(ALLENNLP_SENTENCES))
+    assert len(output["elmo_representations"]) == 2
+    assert [list(r.size()) for r in output["elmo_representations"]] == [[2, 7, 32], [2, 7, 32]]
+    assert list(output["mask"].size()) == [2, 7]
+
+
+def test_allennlps_test_elmo_4d_input(server):
+    batches = [ALLENNLP_SENTENCES, [["1", "2"], ["1", "2", "3", "4", "5", "6", "7"]],
+               [["1", "2", "3", "4", "50", "60", "70"], ["The"]]]  # fmt: skip
+    elmo = Elmo(None, None, 2, dropout=0.0, url=server.url)
+    ids = [batch_to_ids(b) for b in batches]
+    four_d = elmo(torch.cat([i.unsqueeze(1) for i in ids], dim=1))  # (2, 3, 7, 50)
+    assert list(four_d["elmo_representations"][0].size()) == [2, 3, 7, 32] and list(four_d["mask"].size()) == [2, 3, 7]
+    for k, i in enumerate(ids):  # allennlp resets its biLM's state between these: the service has none to reset
+        np.testing.assert_array_almost_equal(
+            four_d["elmo_representations"][0][:, k].detach().numpy(),
+            elmo(i)["elmo_representations"][0].detach().numpy(),
+        )
