@@ -130,8 +130,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from service.api.app import create_app, start_draining
-    from service.api.metrics_port import serve_metrics
-    from service.api.server import serve, uvicorn_problem
+    from service.server.metrics_port import serve_metrics
+    from service.server.serve import serve, uvicorn_problem
     from service.manifest import read_manifest
     from service.settings import Settings, invalid_settings, unknown_variables
 

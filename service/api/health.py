@@ -46,7 +46,7 @@ async def ready(request: Request):
 async def info(request: Request, model: str | None = None):
     chosen = model_named(request, model)
     settings = runtime(request).settings
-    caps = getattr(request.app.state, "connections", None)  # service/api/server.py: the connections' caps in force
+    caps = getattr(request.app.state, "connections", None)  # service/server/serve.py: the connections' caps in force
     return json_response(
         {
             "model": chosen.name,

@@ -141,7 +141,7 @@ ANSWER_HELD = "elmo_answer_bytes"  # what a request holds of the answer budget, 
 
 def client_address(scope) -> str:
     """Whose request this is: the connection's address, or the client a trusted proxy names (uvicorn's proxy
-    headers middleware has put it in the scope; service/api/server.py)."""
+    headers middleware has put it in the scope; service/server/serve.py)."""
     return (scope.get("client") or ("",))[0]
 
 

@@ -4,7 +4,7 @@ its X-Forwarded-For names (the proxy is many clients' one address, so its connec
 
 - Connections: at most `limit` in all, below the open-files limit (raised at start to its hard limit), and
   `per_client` from one address. A connection past either is answered 503 and closed at once, with a line in the
-  log (bounded per address: service/api/log_bounds.py). At the limit in all, the address holding the most connections
+  log (bounded per address: service/server/log_bounds.py). At the limit in all, the address holding the most connections
   first loses its oldest idle one (connected and sending nothing, or idle between requests) to the newcomer. Without
   the caps, 1,100 connections that sent nothing took a server whose limit was 1024 out of descriptors: accept()
   failed, and 127 of 150 requests from other addresses were reset, with nothing logged.
@@ -25,7 +25,7 @@ from typing import Protocol
 
 from uvicorn.middleware.proxy_headers import _TrustedHosts
 
-from service.api.log_bounds import AddressLog
+from service.server.log_bounds import AddressLog
 
 log = logging.getLogger("elmo.service")
 # Descriptors kept for what is not a connection (the listening socket, the event loop's, log files, /proc reads
@@ -82,7 +82,7 @@ class Trusted:
 
 
 class Connection(Protocol):
-    """What the caps need of a connection (service/api/protocol.py's BoundedHttpProtocol)."""
+    """What the caps need of a connection (service/server/protocol.py's BoundedHttpProtocol)."""
 
     def idle(self) -> bool: ...
     def close_idle(self) -> None: ...

@@ -1,5 +1,5 @@
 """The HTTP protocol: uvicorn's httptools protocol, with the bounds on request heads, pipelines, unread answers and
-trailers that it lacks. It extends uvicorn's internals (HttpToolsProtocol's private methods), so service/api/server.py
+trailers that it lacks. It extends uvicorn's internals (HttpToolsProtocol's private methods), so service/server/serve.py
 refuses to start on a uvicorn outside the range it was tested with."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import orjson
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from service.api.connections import ConnectionCaps, RequestTurns, Trusted
-from service.api.log_bounds import AddressLog
+from service.server.connections import ConnectionCaps, RequestTurns, Trusted
+from service.server.log_bounds import AddressLog
 from service.api.request_id import HEADER, request_id
 
 log = logging.getLogger("elmo.service")
@@ -59,7 +59,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
       so a trailer `Authorization` passed the key check); they count against the header bounds.
     - a client that closes its sending side: by default it is taken as gone (its request is cancelled, as
       nginx does); with `answer_half_closed` it still gets its answer (TCP cannot tell the two apart).
-    - connections: at most `caps` allow, in all and from one address (service/api/connections.py); one past them
+    - connections: at most `caps` allow, in all and from one address (service/server/connections.py); one past them
       is answered 503 and closed at once.
     - turns: each request is started in its address's turn (`turns`), so that one address's many connections
       cannot fill the event loop's turns; `GET /health/live` is answered outside them, by the protocol itself,

@@ -1,4 +1,4 @@
-"""The HTTP server's bounds per address below the app (service/api/connections.py, service/api/log_bounds.py), without a
+"""The HTTP server's bounds per address below the app (service/server/connections.py, service/server/log_bounds.py), without a
 server: the open-files limit raised and the caps below it, the caps per address and in all, the turns in which
 requests start, and what a client can make the server log. tests/e2e/test_connections.py checks them on a real
 one."""
@@ -11,8 +11,8 @@ import resource
 
 import pytest
 
-from service.api.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
-from service.api.log_bounds import AddressLog
+from service.server.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
+from service.server.log_bounds import AddressLog
 
 
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one():

@@ -10,8 +10,8 @@ import tomllib
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.api import server
-from service.api.server import UVICORN_TESTED, uvicorn_problem
+from service.server import serve as server
+from service.server.serve import UVICORN_TESTED, uvicorn_problem
 
 ROOT = Path(__file__).resolve().parents[3]
 

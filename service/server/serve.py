@@ -1,4 +1,4 @@
-"""The HTTP server process: uvicorn with the bounded protocol (service/api/protocol.py) and the stop sequence a
+"""The HTTP server process: uvicorn with the bounded protocol (service/server/protocol.py) and the stop sequence a
 service behind a load balancer needs. The protocol extends uvicorn's internals, which a uvicorn release may change
 without notice: `serve` refuses a uvicorn outside the tested range, or one missing an internal the protocol uses,
 with a message that says which to install, instead of running with its defences silently broken."""
@@ -16,15 +16,15 @@ from fastapi import FastAPI
 from uvicorn.middleware.proxy_headers import _TrustedHosts
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.api.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
-from service.api.log_bounds import AddressLog
-from service.api.protocol import BoundedHttpProtocol
+from service.server.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
+from service.server.log_bounds import AddressLog
+from service.server.protocol import BoundedHttpProtocol
 from service.metrics import Metrics
 from service.settings import Settings
 
 log = logging.getLogger("elmo.service")
 # The uvicorn releases the protocol was tested with: at least the first, below the second (pyproject.toml says the
-# same, and tests/service/api/test_server.py holds the two together).
+# same, and tests/service/server/test_uvicorn_compat.py holds the two together).
 UVICORN_TESTED = ((0, 54), (0, 55))
 # What of uvicorn's internals the protocol and the server override or call.
 INTERNALS = {
