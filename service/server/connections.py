@@ -23,9 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from uvicorn.middleware.proxy_headers import _TrustedHosts
-
 from service.server.log_bounds import AddressLog
+from service.server.uvicorn_compat import TrustedProxies
 
 log = logging.getLogger("elmo.service")
 # Descriptors kept for what is not a connection (the listening socket, the event loop's, log files, /proc reads
@@ -65,20 +64,19 @@ class Trusted:
     address of X-Forwarded-For that is not one of them)."""
 
     def __init__(self, proxies: list[str]):
-        self.proxies = _TrustedHosts(proxies) if proxies else None
+        self.proxies = TrustedProxies(proxies)
 
     def __contains__(self, address: str) -> bool:
-        return self.proxies is not None and address in self.proxies
+        return address in self.proxies
 
     def client(self, peer: str, headers: list[tuple[bytes, bytes]]) -> str:
         """Whose request this is: the peer, or for a trusted proxy the client its X-Forwarded-For names."""
-        if self.proxies is None or peer not in self.proxies:
+        if peer not in self.proxies:
             return peer
         forwarded = [value for name, value in headers if name == b"x-forwarded-for"]
         if not forwarded:
             return peer
-        host, _ = self.proxies.get_trusted_client_address(b", ".join(forwarded).decode("latin-1"))
-        return host or peer
+        return self.proxies.client(b", ".join(forwarded).decode("latin-1")) or peer
 
 
 class Connection(Protocol):

@@ -1,60 +1,38 @@
-"""The HTTP server process: uvicorn with the bounded protocol (service/server/protocol.py) and the stop sequence a
-service behind a load balancer needs. The protocol extends uvicorn's internals, which a uvicorn release may change
-without notice: `serve` refuses a uvicorn outside the tested range, or one missing an internal the protocol uses,
-with a message that says which to install, instead of running with its defences silently broken."""
+"""The HTTP server process: `serve(app, settings)` runs the app with the bounded protocol (service/server/protocol.py),
+the connections' caps, and the stop sequence a service behind a load balancer needs. uvicorn is reached through
+service/server/uvicorn_compat.py alone; `check_uvicorn` refuses, before the model is loaded, a uvicorn the protocol
+cannot run on.
+
+The stop sequence: on SIGTERM (or SIGINT) /health/ready turns 503 at once (`on_signal`), no new connection is
+accepted, requests in flight are answered (for at most ELMO_DRAIN_S seconds; then the connections whose answer is
+still being sent are closed, and the requests still running cancelled: service/api/middleware.py's DrainCutoff
+answers those 503), the batcher finishes its queue, and the process exits 0. A second signal stops waiting."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
 from collections.abc import Callable
-from types import FrameType
 
-import uvicorn
 from fastapi import FastAPI
-from uvicorn.middleware.proxy_headers import _TrustedHosts
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.api.health import LIVE_PATH, live_answer
+from service.metrics import Metrics
+from service.server import uvicorn_compat
 from service.server.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
 from service.server.log_bounds import AddressLog
 from service.server.protocol import BoundedHttpProtocol
-from service.metrics import Metrics
 from service.settings import Settings
 
 log = logging.getLogger("elmo.service")
-# The uvicorn releases the protocol was tested with: at least the first, below the second (pyproject.toml says the
-# same, and tests/service/server/test_uvicorn_compat.py holds the two together).
-UVICORN_TESTED = ((0, 54), (0, 55))
-# What of uvicorn's internals the protocol and the server override or call.
-INTERNALS = {
-    HttpToolsProtocol: (
-        "_unset_keepalive_if_required", "_should_upgrade", "_get_upgrade", "handle_websocket_upgrade",
-        "_unsupported_upgrade_warning", "_start_asgi_task", "on_response_complete", "on_message_begin", "on_url",
-        "on_header", "on_headers_complete",
-        "pause_writing", "resume_writing", "eof_received", "connection_lost", "connection_made", "data_received",
-    ),
-    uvicorn.Server: ("handle_exit", "shutdown", "_wait_tasks_to_complete"),
-    _TrustedHosts: ("__contains__", "get_trusted_client_address"),
-}  # fmt: skip
 
 
-def uvicorn_problem(version: str = uvicorn.__version__) -> str | None:
-    """Why this uvicorn cannot run the service's protocol, if it cannot: outside the tested range, or an internal
-    gone."""
-    low, high = UVICORN_TESTED
-    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    wanted = f"uvicorn>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
-    if len(parts) < 2 or not low <= parts < high:
-        return (
-            f"uvicorn {version} is installed, and elmo-serve's HTTP protocol extends uvicorn's internals as of the "
-            f"releases it was tested with: install '{wanted}'"
-        )
-    missing = [f"{cls.__name__}.{name}" for cls, names in INTERNALS.items() for name in names if not hasattr(cls, name)]
-    if missing:
-        return (
-            f"uvicorn {version} lacks {', '.join(missing)}, which elmo-serve's HTTP protocol uses: install '{wanted}'"
-        )
+def check_uvicorn() -> str | None:
+    """Why the installed uvicorn cannot run the protocol, if it cannot: its version, or the protocol's self-check
+    over a real socket (about 30 ms)."""
+    try:
+        uvicorn_compat.check(BoundedHttpProtocol)
+    except uvicorn_compat.UvicornMismatch as err:
+        return str(err)
     return None
 
 
@@ -63,8 +41,25 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
     caps = connection_caps(settings, metrics or Metrics())
     app.state.connections = caps  # /info shows the caps in force
     trusted = settings.forwarded_allow_ips
-    config = uvicorn.Config(
+    http = BoundedHttpProtocol.configured(
+        head_timeout_s=settings.head_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
+        max_pipelined=settings.max_pipelined,
+        write_timeout_s=settings.write_timeout_s,
+        answer_half_closed=settings.answer_half_closed,
+        caps=caps,
+        turns=RequestTurns(),
+        trusted=caps.trusted,
+        address_log=caps.address_log,
+        live_path=LIVE_PATH,
+        live=live_answer,
+    )
+    return uvicorn_compat.run(
         app,
+        http,
+        on_signal=on_signal,
+        on_drain_cut=BoundedHttpProtocol.cut_off,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -77,22 +72,7 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         forwarded_allow_ips=trusted,
         timeout_graceful_shutdown=settings.drain_s,
         timeout_keep_alive=settings.keep_alive_s,
-        http=BoundedHttpProtocol.configured(
-            head_timeout_s=settings.head_timeout_s,
-            max_header_bytes=settings.max_header_bytes,
-            max_headers=settings.max_headers,
-            max_pipelined=settings.max_pipelined,
-            write_timeout_s=settings.write_timeout_s,
-            answer_half_closed=settings.answer_half_closed,
-            caps=caps,
-            turns=RequestTurns(),
-            trusted=caps.trusted,
-            address_log=caps.address_log,
-        ),
     )
-    server = DrainingServer(config, on_signal=on_signal)
-    server.run()
-    return server.started
 
 
 def connection_caps(settings: Settings, metrics: Metrics) -> ConnectionCaps:
@@ -119,40 +99,3 @@ def connection_caps(settings: Settings, metrics: Metrics) -> ConnectionCaps:
     )
     metrics.connections.set_function(lambda: caps.count)
     return caps
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn, stopped the way a service behind a balancer should be: on SIGTERM (or SIGINT) /health/ready
-    turns 503 at once, no new connection is accepted, requests in flight are answered (for at most
-    `timeout_graceful_shutdown` seconds, then cancelled), the batcher finishes its queue, and the process
-    exits 0. A second signal stops waiting. (uvicorn itself would raise the signal again once done, so the
-    process would end killed by SIGTERM, not with status 0.)"""
-
-    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None]):
-        super().__init__(config)
-        self.on_signal = on_signal
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.on_signal()
-        if self.should_exit:
-            self.force_exit = True
-        self.should_exit = True
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        log.info(
-            "draining: not ready, no new connections; requests in flight get %s s",
-            self.config.timeout_graceful_shutdown,
-        )
-        await super().shutdown(sockets)
-
-    async def _wait_tasks_to_complete(self) -> None:
-        try:
-            await super()._wait_tasks_to_complete()
-        except asyncio.CancelledError:
-            # The drain bound has passed, and uvicorn cancels the requests still running next: first close the
-            # connections of those whose answer is being sent, which cannot be finished, so that they end quietly
-            # (uvicorn logged a CancelledError traceback for each).
-            for connection in list(self.server_state.connections):
-                if isinstance(connection, BoundedHttpProtocol):
-                    connection.cut_off()
-            raise

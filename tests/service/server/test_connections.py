@@ -1,4 +1,4 @@
-"""The HTTP server's bounds per address below the app (service/server/connections.py, service/server/log_bounds.py), without a
+"""The HTTP server's bounds per address below the app (service/server/connections.py and log_bounds.py), without a
 server: the open-files limit raised and the caps below it, the caps per address and in all, the turns in which
 requests start, and what a client can make the server log. tests/e2e/test_connections.py checks them on a real
 one."""
