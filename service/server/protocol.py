@@ -101,6 +101,8 @@ class BoundedHttpProtocol(HttpBase):
         }  # fmt: skip
         if unknown:
             raise TypeError(f"not a bound of the protocol: {', '.join(sorted(unknown))}")
+        if bounds.get("live") is not None:
+            bounds["live"] = staticmethod(bounds["live"])  # an ASGI app, not a method of the protocol
         return type(cls.__name__, (cls,), bounds)
 
     def __init__(self, *args, **kwargs):
