@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from service.errors import Overloaded
 from service.server.log_bounds import AddressLog
 from service.server.uvicorn_compat import TrustedProxies
 
@@ -102,18 +103,20 @@ class ConnectionCaps:
         self.count = 0
         self.by_client: dict[str, dict[Connection, None]] = {}  # each address's connections, oldest first
 
-    def admit(self, connection: Connection, address: str) -> str | None:
-        """Hold `connection` from `address`; or why not (its 503's detail)."""
+    def admit(self, connection: Connection, address: str) -> Overloaded | None:
+        """Hold `connection` from `address`; or why not (its 503, with Retry-After: 1)."""
         mine = self.by_client.get(address, {})
         if len(mine) >= self.per_client and address not in self.trusted:
             self._refuse("per_client", address, "it has %d open, the limit per address", len(mine))
-            return (
-                f"connections: {len(mine)} open from your address; the limit is {self.per_client} per address: "
-                "close some, or retry later"
+            return Overloaded(
+                f"{len(mine)} open from your address; the limit is {self.per_client} per address: close some, or "
+                "retry later",
+                "connections",
+                retry_after=1,
             )
         if self.count >= self.limit and not self._evict_idle():
             self._refuse("total", address, "the server holds %d, its limit", self.count)
-            return f"connections: the server holds its limit of {self.limit}; retry later"
+            return Overloaded(f"the server holds its limit of {self.limit}; retry later", "connections", retry_after=1)
         self.by_client.setdefault(address, {})[connection] = None
         self.count += 1
         return None

@@ -10,8 +10,7 @@ import logging
 import socket
 import struct
 
-import orjson
-
+from service.errors import BadRequest, ServiceError, TooSlow, http_answer
 from service.server.connections import ConnectionCaps, RequestTurns, Trusted
 from service.server.log_bounds import AddressLog
 from service.server.uvicorn_compat import (
@@ -26,7 +25,6 @@ from service.server.uvicorn_compat import (
     close_after,
     gone,
     scope_of,
-    status_line,
 )
 
 log = logging.getLogger("elmo.service")
@@ -111,7 +109,7 @@ class BoundedHttpProtocol(HttpBase):
         self._in_head = False  # a request line has begun and its headers have not ended
         self._head_bytes = 0  # of the head in progress, from the parser's callbacks
         self._head_raw = 0  # bytes that came while a head was in progress, counted from its second read on
-        self._head_refusal: tuple[int, str] | None = None  # why a parser callback stopped the parser
+        self._head_refusal: ServiceError | None = None  # why a parser callback stopped the parser
         self._refusal: bytes | None = None  # the answer to a bad request, sent once those before it are answered
         self._unparsed = bytearray()  # read, not parsed yet: `max_pipelined` requests wait
         self._running: Cycle | None = None  # the request being answered
@@ -134,13 +132,10 @@ class BoundedHttpProtocol(HttpBase):
                 sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, UNSENT_BYTES)
         self._arm_head_timer()
 
-    def _turn_away(self, detail: str) -> None:
+    def _turn_away(self, refused: ServiceError) -> None:
         """Answer 503 and close at once: the connection is over a cap (its descriptor is freed now)."""
         self._turned_away = True
-        body = orjson.dumps({"detail": detail})
-        head = [status_line(503), b"retry-after: 1\r\ncontent-type: application/json\r\n"]
-        head += [b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)]
-        self.wire.write(b"".join([*head, body]))
+        self.wire.write(http_answer(refused))
         self.wire.close()
 
     def idle(self) -> bool:
@@ -217,10 +212,10 @@ class BoundedHttpProtocol(HttpBase):
             self._unparsed.clear()
             return
         except ParserError:
-            self._refuse(*(self._head_refusal or (400, "request: not valid HTTP/1.1")))
+            self._refuse(self._head_refusal or BadRequest("not valid HTTP/1.1", "request"))
             return
         if self._in_head and self._head_raw > self.max_header_bytes:
-            self._refuse(431, self._too_large())
+            self._refuse(self._too_large())
 
     def start_request(self, cycle: Cycle, app) -> None:
         self._running = cycle
@@ -305,19 +300,21 @@ class BoundedHttpProtocol(HttpBase):
             self._head_bytes += len(name) + len(value) + 4
             if self._trailers > self.max_headers or self._head_bytes > self.max_header_bytes:
                 limit = f"{self.max_headers} fields and {self.max_header_bytes} bytes"
-                self._head_refusal = (431, f"trailers: over the limit of {limit} with the headers")
+                self._head_refusal = ServiceError(f"over the limit of {limit} with the headers", "trailers", status=431)
                 raise _HeadRefused
             return
         self._grow(len(name) + len(value) + 4)  # with ": " and CRLF
         if len(self.head_fields) >= self.max_headers:
             limit = self.max_headers
-            self._head_refusal = (431, f"headers: over {limit} of them; the limit is {limit} per request")
+            self._head_refusal = ServiceError(
+                f"over {limit} of them; the limit is {limit} per request", "headers", status=431
+            )
             raise _HeadRefused
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         if self.http_parser.should_upgrade() and self.upgrade_asked() == b"websocket":
-            self._head_refusal = (400, "upgrade: this server speaks no WebSocket; send plain HTTP/1.1 requests")
+            self._head_refusal = BadRequest("this server speaks no WebSocket; send plain HTTP/1.1 requests", "upgrade")
             raise _HeadRefused  # answered after the requests before it, as a bad head is
         self._in_head = False
         self._trailers = len(self.head_fields)
@@ -338,11 +335,12 @@ class BoundedHttpProtocol(HttpBase):
     def _grow(self, size: int) -> None:
         self._head_bytes += size
         if self._head_bytes > self.max_header_bytes:
-            self._head_refusal = (431, self._too_large())
+            self._head_refusal = self._too_large()
             raise _HeadRefused
 
-    def _too_large(self) -> str:
-        return f"headers: the request line and headers are over the limit of {self.max_header_bytes} bytes"
+    def _too_large(self) -> ServiceError:
+        message = f"the request line and headers are over the limit of {self.max_header_bytes} bytes"
+        return ServiceError(message, "headers", status=431)
 
     def _arm_head_timer(self) -> None:
         self._head_timer = self.event_loop.call_later(self.head_timeout_s, self._head_timed_out)
@@ -357,7 +355,7 @@ class BoundedHttpProtocol(HttpBase):
         if self.wire.is_closing():
             return
         if self._in_head:
-            self._refuse(408, f"headers: not all in within {self.head_timeout_s:g} s; send them at once")
+            self._refuse(TooSlow(f"not all in within {self.head_timeout_s:g} s; send them at once", "headers"))
         elif not self._answering():
             self.wire.close()  # connected and sent nothing: there is no request to answer
 
@@ -365,15 +363,11 @@ class BoundedHttpProtocol(HttpBase):
         """Whether requests that came before are still being answered (pipelined ones included)."""
         return bool(self.waiting) or (self.current is not None and not answer_complete(self.current))
 
-    def _refuse(self, status: int, detail: str) -> None:
-        """Answer `status` and close, after the answers to the requests before it (HTTP/1.1 answers in order)."""
+    def _refuse(self, refused: ServiceError) -> None:
+        """Answer `refused` and close, after the answers to the requests before it (HTTP/1.1 answers in order)."""
         self._cancel_head_timer()
         self._unparsed.clear()
-        body = orjson.dumps({"detail": detail})
-        head = [status_line(status)]
-        head += [name + b": " + value + b"\r\n" for name, value in self.server_headers]
-        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body)]
-        self._refusal = b"".join([*head, b"connection: close\r\n\r\n", body])
+        self._refusal = http_answer(refused, self.server_headers)
         cycle = self.current
         if not self._in_head and cycle is self._running and cycle is not None and not answer_started(cycle):
             # The request being answered is the bad one (its body or trailer): it is answered now, not after the
