@@ -121,7 +121,7 @@ def _process_start_time():
         return _T_SCRIPT
 
 
-def main():
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--options", required=True)
     parser.add_argument("--weights", required=True)
@@ -136,9 +136,10 @@ def main():
     parser.add_argument(
         "--warmup", type=int, default=0, help="embed the first batch this many times, untimed, before the timed run"
     )
-    args = parser.parse_args()
+    return parser
 
-    import h5py
+
+def _device(args):
     import torch
 
     torch.set_num_threads(args.threads)
@@ -147,18 +148,16 @@ def main():
         # fp32 means fp32, as the project's engine on CUDA (cuDNN's convolutions default to TF32 on Ampere+)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    return device
 
-    from allennlp.common.util import lazy_groups_of
-    from allennlp.modules.elmo import _ElmoBiLm, batch_to_ids
+
+def _embedder(elmo_bilm, device):
+    """What allennlp 0.9's `elmo --all` command did per batch, written against the 2.10.1 API: a batch of
+    sentences to each one's (layers, tokens, dim) array."""
+    import torch
+    from allennlp.modules.elmo import batch_to_ids
     from allennlp.nn.util import remove_sentence_boundaries
 
-    t0 = time.perf_counter()
-    elmo_bilm = _ElmoBiLm(args.options, args.weights)
-    elmo_bilm.eval()
-    elmo_bilm.to(device)
-    load_s = time.perf_counter() - t0
-
-    # What allennlp 0.9's `elmo --all` command did per batch, written against the 2.10.1 API.
     def batch_to_embeddings(batch):
         character_ids = batch_to_ids(batch).to(device)
         bilm_output = elmo_bilm(character_ids)
@@ -177,13 +176,22 @@ def main():
             out.append(embeddings[i, :, :length, :].detach().cpu().numpy())
         return out
 
-    with open(args.input, encoding="utf-8") as f:
+    return embed_batch
+
+
+def _read_sentences(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
         sentences = [line.strip() for line in f]
     blank_lines = [i for (i, line) in enumerate(sentences) if line == ""]
     if blank_lines:
         raise SystemExit(f"input contains empty lines at indexes {blank_lines}; remove them")
-    split_sentences = [sentence.split() for sentence in sentences]
-    n_tokens = sum(len(s) for s in split_sentences)
+    return sentences
+
+
+def _embed_all(args, elmo_bilm, embed_batch, split_sentences) -> tuple[list, float]:
+    """Every sentence's embeddings, and the seconds the timed batches took (the warm-up's not counted)."""
+    import torch
+    from allennlp.common.util import lazy_groups_of
 
     embed_s = 0.0
     results = []
@@ -196,19 +204,42 @@ def main():
                 elmo_bilm._elmo_lstm.reset_states()
             results.extend(embed_batch(batch))
             embed_s += time.perf_counter() - t0
+    return results, embed_s
 
-    write_s = None
-    if args.output:
-        t0 = time.perf_counter()
-        sentence_to_index = {}
-        with h5py.File(args.output, "w") as fout:
-            for i, embeddings in enumerate(results):
-                key = str(i)
-                sentence_to_index[sentences[i]] = key
-                fout.create_dataset(key, embeddings.shape, dtype="float32", data=embeddings)
-            ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
-            ds[0] = json.dumps(sentence_to_index)
-        write_s = time.perf_counter() - t0
+
+def _write_hdf5(path: str, sentences: list[str], results: list) -> float:
+    """The embeddings in allennlp's `elmo` command's hdf5 layout; the seconds it took."""
+    import h5py
+
+    t0 = time.perf_counter()
+    sentence_to_index = {}
+    with h5py.File(path, "w") as fout:
+        for i, embeddings in enumerate(results):
+            key = str(i)
+            sentence_to_index[sentences[i]] = key
+            fout.create_dataset(key, embeddings.shape, dtype="float32", data=embeddings)
+        ds = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
+        ds[0] = json.dumps(sentence_to_index)
+    return time.perf_counter() - t0
+
+
+def main():
+    args = _parser().parse_args()
+    device = _device(args)
+    import torch
+    from allennlp.modules.elmo import _ElmoBiLm
+
+    t0 = time.perf_counter()
+    elmo_bilm = _ElmoBiLm(args.options, args.weights)
+    elmo_bilm.eval()
+    elmo_bilm.to(device)
+    load_s = time.perf_counter() - t0
+
+    sentences = _read_sentences(args.input)
+    split_sentences = [sentence.split() for sentence in sentences]
+    n_tokens = sum(len(s) for s in split_sentences)
+    results, embed_s = _embed_all(args, elmo_bilm, _embedder(elmo_bilm, device), split_sentences)
+    write_s = _write_hdf5(args.output, sentences, results) if args.output else None
 
     report = {
         "impl": "allennlp-2.10.1",

@@ -151,8 +151,15 @@ def main() -> None:
             "bench/allennlp_baseline.py says, or pass --allennlp-python."
         )
     runs, stdout = alternate(commands, args.repeat, args.busy_cores)
-
     fp32 = next((outputs[n] for n in outputs if " fp32 " in n), None)
+    print_errors(runs, stdout, outputs, fp32, allennlp, theirs_out, len(lines))
+    print_times(runs, allennlp, tokens)
+
+
+def print_errors(
+    runs, stdout, outputs: dict[str, Path], fp32: Path | None, allennlp: str, theirs_out: Path, lines: int
+):
+    """allennlp's own figures, and each output's error against elmo-embed fp32's."""
     if allennlp in runs:
         report = json.loads(stdout[allennlp].strip().splitlines()[-1])
         print(
@@ -168,10 +175,13 @@ def main() -> None:
             error, cosines = layer_errors(path, fp32)
             each = ", ".join(f"{c:.6f}" for c in cosines)
             print(
-                f"{name.split(' (')[0]} vs fp32, all {len(lines)} lines: max abs error {error:.3g}, "
+                f"{name.split(' (')[0]} vs fp32, all {lines} lines: max abs error {error:.3g}, "
                 f"min cosine by layer {each}"
             )
 
+
+def print_times(runs, allennlp: str, tokens: int):
+    """Each tool's whole-process times, and the speed-ups against elmo-embed fp32 and allennlp (the bar)."""
     print(f"{'tool (whole process)':<40}{'best s':>9}{'median s':>10}{'tokens/s':>10}{'peak MB':>9}   each run s")
     for name, each in runs.items():
         times = [wall for wall, _ in each]

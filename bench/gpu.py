@@ -467,19 +467,47 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     provider = args.provider
     batches = [int(b) for b in args.batches.split(",")]
     precisions = args.precisions.split(",")
-    graph_settings = [s == "on" for s in args.cuda_graphs.split(",")]
     sentences = fixture_sentences()
-    lone = lone_sentence(sentences)
     warmup = 3 if provider == "cuda" else 0  # passes over a figure's batches before it is timed
     t0 = time.perf_counter()
     paths = model_paths(args.model, args.window)
-    manifest = read_manifest(paths["onnx"]).manifest
     log(f"model {paths['onnx']} ready in {time.perf_counter() - t0:.1f} s")
-    report = {
+    report = new_report(args, paths, sentences, batches, precisions, warmup)
+
+    log("placement")
+    report["placement"] = placement(paths["onnx"], provider, args.device_id)
+
+    log("reference: the CPU provider's fp32 Loop graph")
+    reference_engine = Engine(paths["onnx"], provider="cpu", graph="loop", intra_op_threads=args.threads)
+    reference = reference_engine.run(sentences)
+    del reference_engine
+
+    rows = [int(r) for r in args.rows.split(",")]
+    report["settings"]["rows"] = rows
+    report["settings"]["long_tail"] = LONG_TAIL
+    report["engines"] = {}
+    for precision in precisions:
+        for graphs_on in [s == "on" for s in args.cuda_graphs.split(",")]:
+            name = f"{precision}, cuda graphs {'on' if graphs_on else 'off'}"
+            log(name)
+            entry = report["engines"][name] = {"precision": precision, "cuda_graphs": graphs_on}
+            measure_engine(entry, args, paths, reference, sentences, batches, rows, warmup)
+
+    report["baselines"] = {}
+    run_baselines(report, args, paths, reference, sentences, batches, rows, warmup)
+    report["figures"] = figures(report, batches)
+    report["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    return report
+
+
+def new_report(args: argparse.Namespace, paths: dict[str, Path], sentences, batches, precisions, warmup: int) -> dict:
+    """What ran where, before any figure: the date, device, host, ONNX Runtime, the model and the settings."""
+    manifest = read_manifest(paths["onnx"]).manifest
+    return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "device": device_name(provider, args.device_id),
+        "device": device_name(args.provider, args.device_id),
         "host": host_cpu(),
-        "provider": provider,
+        "provider": args.provider,
         "onnxruntime": ort.__version__,
         "onnxruntime_providers": ort.get_available_providers(),
         "model": {
@@ -502,51 +530,38 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "notes": [],
     }
 
-    log("placement")
-    report["placement"] = placement(paths["onnx"], provider, args.device_id)
 
-    log("reference: the CPU provider's fp32 Loop graph")
-    reference_engine = Engine(paths["onnx"], provider="cpu", graph="loop", intra_op_threads=args.threads)
-    reference = reference_engine.run(sentences)
-    del reference_engine
-
-    rows = [int(r) for r in args.rows.split(",")]
+def measure_engine(entry: dict, args, paths, reference, sentences, batches, rows, warmup: int) -> None:
+    """One engine's figures (its precision and CUDA-graphs setting in `entry`) into `entry`: parity, batch
+    independence, throughput, packed rows, padding efficiency and lone latency; or the error that stopped it."""
+    try:
+        engine = Engine(paths["onnx"], provider=args.provider, precision=entry["precision"], graph="window",
+                        device_id=args.device_id, cuda_graphs=entry["cuda_graphs"], intra_op_threads=args.threads,
+                        max_rows=max(*batches, *rows, *INDEPENDENCE_BATCHES))  # fmt: skip
+    except Exception as err:  # e.g. a node off the GPU: record it, measure the rest
+        entry["error"] = f"{type(err).__name__}: {err}"
+        log(f"  {entry['error']}")
+        return
+    lone = lone_sentence(sentences)
     mixes = {"fixture": sentences, "long-tailed": long_tailed(sentences, 4000)}
-    report["settings"]["rows"] = rows
-    report["settings"]["long_tail"] = LONG_TAIL
-    report["engines"] = {}
-    for precision in precisions:
-        for graphs_on in graph_settings:
-            name = f"{precision}, cuda graphs {'on' if graphs_on else 'off'}"
-            log(name)
-            entry = report["engines"][name] = {"precision": precision, "cuda_graphs": graphs_on}
-            try:
-                engine = Engine(paths["onnx"], provider=provider, precision=precision, graph="window",
-                                device_id=args.device_id, cuda_graphs=graphs_on, intra_op_threads=args.threads,
-                                max_rows=max(*batches, *rows, *INDEPENDENCE_BATCHES))  # fmt: skip
-            except Exception as err:  # e.g. a node off the GPU: record it, measure the rest
-                entry["error"] = f"{type(err).__name__}: {err}"
-                log(f"  {entry['error']}")
-                continue
-            entry["graph"] = {"file": engine.graph.file.name, "kind": engine.graph.kind, "window": engine.window}
-            entry["provider"] = engine.provider
-            entry["parity_vs_cpu_fp32"] = parity(engine, reference, sentences)
-            entry["batch_independence"] = batch_independence(engine, sentences)
-            entry["tokens_per_s"] = throughput(
-                engine.run, sentences, batches, args.seconds, ("fixture", "sorted"), warmup
-            )
-            entry["packed"] = {
-                mix: {str(r): packed(engine, text, r, args.seconds, warmup) for r in rows}
-                for mix, text in mixes.items()
-            }
-            entry["run_padding_efficiency"] = {str(b): run_efficiency(engine, sentences, b) for b in batches}
-            entry["lone_latency_ms"] = {"cache_warm": latency_ms(engine.run, lone, args.seconds)}
-            engine.token_cache = type(engine.token_cache)(0)  # every token through the char-CNN again
-            entry["lone_latency_ms"]["cache_off"] = latency_ms(engine.run, lone, args.seconds)
-            log(f"  {json.dumps({k: entry[k] for k in ('parity_vs_cpu_fp32', 'tokens_per_s', 'packed')})}")
-            del engine
+    entry["graph"] = {"file": engine.graph.file.name, "kind": engine.graph.kind, "window": engine.window}
+    entry["provider"] = engine.provider
+    entry["parity_vs_cpu_fp32"] = parity(engine, reference, sentences)
+    entry["batch_independence"] = batch_independence(engine, sentences)
+    entry["tokens_per_s"] = throughput(engine.run, sentences, batches, args.seconds, ("fixture", "sorted"), warmup)
+    entry["packed"] = {
+        mix: {str(r): packed(engine, text, r, args.seconds, warmup) for r in rows} for mix, text in mixes.items()
+    }
+    entry["run_padding_efficiency"] = {str(b): run_efficiency(engine, sentences, b) for b in batches}
+    entry["lone_latency_ms"] = {"cache_warm": latency_ms(engine.run, lone, args.seconds)}
+    engine.token_cache = type(engine.token_cache)(0)  # every token through the char-CNN again
+    entry["lone_latency_ms"]["cache_off"] = latency_ms(engine.run, lone, args.seconds)
+    log(f"  {json.dumps({k: entry[k] for k in ('parity_vs_cpu_fp32', 'tokens_per_s', 'packed')})}")
 
-    report["baselines"] = {}
+
+def run_baselines(report: dict, args, paths, reference, sentences, batches, rows, warmup: int) -> None:
+    """elmo-embed, the service, the yardstick and the PyTorch and allennlp baselines, as the arguments ask."""
+    provider, precisions = args.provider, report["settings"]["precisions"]
     device = "cpu" if provider == "cpu" else f"cuda:{args.device_id}"
     if args.bulk_sentences:
         log(f"elmo-embed, {args.bulk_sentences} sentences")
@@ -570,7 +585,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             "torch": torch.__version__,
             "parity_vs_cpu_fp32": {"max_abs_error": max_abs_error(run(sentences), reference)},
             "tokens_per_s": throughput(run, sentences, batches, args.seconds, ("fixture",), warmup)["fixture"],
-            "lone_latency_ms": latency_ms(run, lone, args.seconds),
+            "lone_latency_ms": latency_ms(run, lone_sentence(sentences), args.seconds),
         }
     if args.allennlp and Path(args.allennlp).exists():
         log(f"allennlp 2.10.1 _ElmoBiLm on {device}")
@@ -582,16 +597,12 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     else:
         what = f"{args.allennlp} not found" if args.allennlp else "no --allennlp PYTHON given"
         report["notes"].append(f"allennlp baseline skipped: {what} (bench/allennlp_baseline.py says how to make one)")
-    report["figures"] = figures(report, batches)
-    report["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    return report
 
 
 def figures(report: dict, batches: list[int]) -> list[dict]:
     """The goals' table: each figure as a fraction of the yardstick or of the engine (the best CUDA-graphs setting
     where there is a choice), the padding efficiency, and the accuracy rows."""
     engines = [e for e in report["engines"].values() if "error" not in e]
-    yard = report.get("yardstick", {})
     rows = report["settings"]["rows"]
     out = []
 
@@ -606,9 +617,20 @@ def figures(report: dict, batches: list[int]) -> list[dict]:
         found = [(v, e) for e in engines if e["precision"] == precision and (v := get(e)) is not None]
         return max(found, key=lambda x: x[0]) if found else (None, None)
 
-    def graphs(e):
-        return "" if e is None else f"cuda graphs {'on' if e['cuda_graphs'] else 'off'}"
+    speed_rows(report, batches, row, best)
+    accuracy_rows(engines, rows, row)
+    return out
 
+
+def cuda_graphs(e) -> str:
+    return "" if e is None else f"cuda graphs {'on' if e['cuda_graphs'] else 'off'}"
+
+
+def speed_rows(report: dict, batches: list[int], row, best) -> None:
+    """The goals' speed figures (`row` adds one; `best` finds the best engine of a precision by a figure): the
+    engine over the yardstick and over allennlp, the lone sentence, elmo-embed and the service over the engine."""
+    yard = report.get("yardstick", {})
+    rows = report["settings"]["rows"]
     for r in rows:
         for precision, against in (("fp32", "fp32"), ("fp16", "bf16")):
             value, e = best(precision, lambda e, r=r: e.get("packed", {}).get("fixture", {}).get(str(r), {})
@@ -616,9 +638,9 @@ def figures(report: dict, batches: list[int]) -> list[dict]:
             stick = yard.get(against, {}).get(str(r), {}).get("tokens_per_s")
             goal = GOALS["engine_vs_yardstick" if precision == "fp32" else "reduced_vs_yardstick"]
             if e is not None:
+                note = f"{value:,.0f} vs {stick:,.0f} tokens/s, {cuda_graphs(e)}" if stick else "no yardstick run"
                 row(f"{precision} engine, {r} rows in flight, over the {against} yardstick at {r} rows",
-                    value / stick if stick else None, f">= {goal}",
-                    f"{value:,.0f} vs {stick:,.0f} tokens/s, {graphs(e)}" if stick else "no yardstick run")  # fmt: skip
+                    value / stick if stick else None, f">= {goal}", note)  # fmt: skip
     allen = report["baselines"].get("allennlp", {}).get("tokens_per_s", {})
     for b in batches:
         value, e = best("fp32", lambda e, b=b: e["tokens_per_s"]["fixture"].get(str(b)))
@@ -637,7 +659,7 @@ def figures(report: dict, batches: list[int]) -> list[dict]:
             "lone 25-token sentence p50 over the yardstick's batch 1",
             -lone / one if one else None,
             f"<= {GOALS['lone_vs_yardstick']}",
-            f"{-lone:.2f} ms, {graphs(e)}",
+            f"{-lone:.2f} ms, {cuda_graphs(e)}",
         )
     top = str(max(rows))
     engine_top, _ = best("fp32", lambda e: e.get("packed", {}).get("fixture", {}).get(top, {}).get("tokens_per_s"))
@@ -657,6 +679,10 @@ def figures(report: dict, batches: list[int]) -> list[dict]:
             f">= {GOALS['service_vs_engine']}",
             f"{clients['256']['tokens_per_s']:,.0f} tokens/s",
         )
+
+
+def accuracy_rows(engines: list[dict], rows: list[int], row) -> None:
+    """The goals' padding and accuracy figures: padding efficiency, fp16's cosine, fp32's error and independence."""
     for r in rows:
         for mix in ("fixture", "long-tailed"):
             effs = [e["packed"][mix][str(r)]["padding_efficiency"] for e in engines if "packed" in e]
@@ -684,7 +710,6 @@ def figures(report: dict, batches: list[int]) -> list[dict]:
             max(e["batch_independence"]["max_abs_diff"] for e in fp32),
             f"<= {GOALS['independence']:g}",
         )
-    return out
 
 
 # --- the report ------------------------------------------------------------------------------------------------

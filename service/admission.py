@@ -1,7 +1,7 @@
 """Every limit and budget a request meets, below HTTP, in the order it meets them:
 
 1. its body, as it arrives: at most `max_body_bytes` (413), and the bodies in flight at most `max_inflight_bytes`
-   together and `max_inflight_bytes_per_client` from one address (503): `BodyBudget`, applied by the body-limit
+   together and `max_inflight_bytes_per_client` from one address (503): `body_budget`, applied by the body-limit
    middleware (service/api/middleware.py) before anything parses the body;
 2. its sentences, counted before any tokenizing (`Admission.before_tokenizing`): how many, how long a text, cheap
    lower and upper bounds on the tokens Moses would make, and the queue's size, so a hopeless request is refused
@@ -10,7 +10,7 @@
    cut to it with `truncate`);
 4. its answer's size, estimated before the engine runs (`Admission.answer_size`): at most `max_answer_bytes`
    (413), and the answers being made or sent at most `max_answers_inflight_bytes` together and
-   `max_answers_inflight_bytes_per_client` to one address (`AnswerBudget`, 503);
+   `max_answers_inflight_bytes_per_client` to one address (`answer_budget`, 503);
 5. its model's queue (service/batching/batcher.py): 503 when full, per model.
 
 Each refusal is a ServiceError (service/errors.py) whose message names the field and the way out.
@@ -146,74 +146,61 @@ def _has_surrogate(tokens: list[str]) -> bool:
     return False
 
 
-class AnswerBudget:
-    """The estimated sizes of the answers being made or sent, bounded together and per client address: a request
-    takes its answer's size before the engine runs (`take`), and gets 503 when the budget cannot hold it; it gives
-    it back once the answer is sent or the client has gone (`give_back`, from the middleware around the routes).
-    Without it, clients that ask for large answers and never read them held memory for as long as they stayed (the
-    write timeout closes them; this bounds what they hold meanwhile). Without the bound per address, one address's
-    flood of large answers held the whole budget, and other addresses' small requests got 503."""
+class KeyedBudget:
+    """Bytes held in flight, bounded together (`limit`) and per key (`per_key`: a client address), taken as they
+    come (`take`: Overloaded, 503 with Retry-After, when either bound cannot hold them) and given back when done
+    with (`give_back`). One class for both budgets:
 
-    def __init__(self, limit: int, metrics: Metrics | None = None, per_client: int | None = None):
-        self.limit, self.per_client, self.held = limit, per_client or limit, 0
-        self.by_client: dict[str, int] = {}  # the same, per client address (present while it holds any)
-        if metrics is not None:
-            metrics.answer_bytes.set_function(lambda: self.held)
+    - the bodies in flight (`what="request bodies in flight"`, `whose="from your address"`): each part of a body
+      as it arrives, given back once the request is answered, refused or abandoned (service/api/middleware.py's
+      BodyLimit), so that one client cannot take the whole budget with a few stalled uploads;
+    - the answers being made or sent (`what="answers being made or sent"`, `whose="to your address"`): an answer's
+      estimated size before the engine runs, given back once it is sent or its client has gone (AnswerRelease).
+      Without it, clients that ask for large answers and never read them held memory for as long as they stayed
+      (the write timeout closes them; this bounds what they hold meanwhile); without the bound per address, one
+      address's flood of large answers held the whole budget, and other addresses' small requests got 503.
 
-    def take(self, size: int, client: str = "") -> None:
-        """Hold `size` bytes for an answer to `client`, or Overloaded."""
-        if (mine := self.by_client.get(client, 0)) + size > self.per_client:
-            raise Overloaded(
-                f"overloaded: answers being made or sent to your address hold {mine} of {self.per_client} bytes; "
-                "retry later"
-            )
+    A key over its own share is told so first: its own requests are what to slow down."""
+
+    def __init__(self, limit: int, per_key: int | None, what: str, whose: str, gauge=None):
+        self.limit, self.per_key, self.what, self.whose = limit, per_key or limit, what, whose
+        self.held = 0
+        self.by_key: dict[str, int] = {}  # the same, per key (present while it holds any)
+        if gauge is not None:
+            gauge.set_function(lambda: self.held)
+
+    def take(self, key: str, size: int) -> None:
+        """Hold `size` more bytes for `key`, or Overloaded."""
+        if (mine := self.by_key.get(key, 0)) + size > self.per_key:
+            raise Overloaded(f"overloaded: {self.what} {self.whose} hold {mine} of {self.per_key} bytes; retry later")
         if self.held + size > self.limit:
-            raise Overloaded(
-                f"overloaded: answers being made or sent hold {self.held} of {self.limit} bytes; retry later"
-            )
+            raise Overloaded(f"overloaded: {self.what} hold {self.held} of {self.limit} bytes; retry later")
         self.held += size
-        self.by_client[client] = mine + size
+        self.by_key[key] = mine + size
 
-    def give_back(self, size: int, client: str = "") -> None:
+    def give_back(self, key: str, size: int) -> None:
         if not size:
             return
         self.held -= size
-        if left := self.by_client[client] - size:
-            self.by_client[client] = left
+        if left := self.by_key[key] - size:
+            self.by_key[key] = left
         else:
-            del self.by_client[client]
+            del self.by_key[key]
 
 
-class BodyBudget:
-    """What the bodies of all requests in flight hold, bounded together and per client address, so that one
-    client cannot take the whole budget with a few stalled uploads."""
+def body_budget(settings: Settings, metrics: Metrics | None = None) -> KeyedBudget:
+    """The budget of the request bodies in flight (step 1 above)."""
+    gauge = metrics.body_bytes if metrics is not None else None
+    return KeyedBudget(
+        settings.max_inflight_bytes, settings.max_inflight_bytes_per_client, "request bodies in flight",
+        "from your address", gauge,
+    )  # fmt: skip
 
-    def __init__(self, inflight: int, per_client: int, metrics: Metrics | None = None):
-        self.inflight, self.per_client = inflight, per_client
-        self.held = 0  # bytes of the bodies of all requests in flight
-        self.by_client: dict[str, int] = {}  # the same, per client address (present while it holds any)
-        if metrics is not None:
-            metrics.body_bytes.set_function(lambda: self.held)
 
-    def take(self, client: str, size: int) -> str | None:
-        """Hold `size` more bytes of a body from `client`; or why not (the 503's detail)."""
-        if self.held + size > self.inflight:
-            return f"overloaded: request bodies in flight hold {self.held} of {self.inflight} bytes; retry later"
-        if (mine := self.by_client.get(client, 0)) + size > self.per_client:
-            return (
-                f"overloaded: request bodies in flight from your address hold {mine} of {self.per_client} bytes; "
-                "retry later"
-            )
-        self.held += size
-        self.by_client[client] = mine + size
-        return None
-
-    def give_back(self, client: str, size: int) -> None:
-        """The body is done with (answered, refused or abandoned): its bytes leave the budget."""
-        if not size:
-            return
-        self.held -= size
-        if left := self.by_client[client] - size:
-            self.by_client[client] = left
-        else:
-            del self.by_client[client]
+def answer_budget(settings: Settings, metrics: Metrics | None = None) -> KeyedBudget:
+    """The budget of the answers being made or sent (step 4 above)."""
+    gauge = metrics.answer_bytes if metrics is not None else None
+    return KeyedBudget(
+        settings.max_answers_inflight_bytes, settings.max_answers_inflight_bytes_per_client,
+        "answers being made or sent", "to your address", gauge,
+    )  # fmt: skip

@@ -228,9 +228,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from service.api.app import create_app, start_draining
-    from service.api.metrics_port import serve_metrics
-    from service.api.server import serve, uvicorn_problem
     from service.manifest import read_manifest
+    from service.server.metrics_port import serve_metrics
+    from service.server.serve import check_uvicorn, serve
     from service.settings import Settings, invalid_settings, unknown_variables
 
     given = {"model_dir": args.model, "models": args.models, "host": args.host, "port": args.port}
@@ -263,7 +263,7 @@ def serve_main(argv: list[str] | None = None) -> int:
         print(f"elmo-serve: cannot listen on {where} ({err.strerror or err}): choose another ELMO_METRICS_PORT",
               file=sys.stderr)  # fmt: skip
         return 1
-    if problem := uvicorn_problem():
+    if problem := check_uvicorn():
         print(f"elmo-serve: {problem}", file=sys.stderr)
         return 1
     configure_logs(settings.log_level, settings.log_format)

@@ -61,7 +61,7 @@ class Metrics:
         self.rejected = Counter(
             "elmo_rejected", "requests refused with 503 because their model's queue was full", ["model"], registry=r
         )
-        # The HTTP server's connections (service/api/connections.py): those held, and those refused by its caps.
+        # The HTTP server's connections (service/server/connections.py): those held, and those refused by its caps.
         self.connections = Gauge("elmo_connections", "connections held by the HTTP server", registry=r)
         self.connections_refused = Counter(
             "elmo_connections_refused", "connections refused (503 and closed): over the cap per address (per_client) "

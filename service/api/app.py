@@ -12,7 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
 from service import __version__
-from service.admission import Admission, AnswerBudget, BodyBudget
+from service.admission import Admission, answer_budget, body_budget
 from service.api import embed, errors, health, openai, tracing
 from service.api.dependencies import Runtime
 from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         settings,
         metrics,
         Admission(settings),
-        AnswerBudget(settings.max_answers_inflight_bytes, metrics, settings.max_answers_inflight_bytes_per_client),
+        answer_budget(settings, metrics),
         # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
         # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
         ThreadPoolExecutor(settings.tokenize_threads, thread_name_prefix="tokenize"),
@@ -62,16 +62,15 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
 
 
 def add_middleware(app: FastAPI, parts: Runtime) -> None:
-    """Outermost last: the request id on every answer and log line; metrics see every answer; under /v1/ every
-    error is put in OpenAI's shape; CORS answers preflights (which carry no key) and puts its headers on a 401 too;
-    keys are checked before a body is read, and before the answers that never change are sent from memory; a body
-    is bounded before anything parses it."""
+    """Outermost last: the request id on every answer and log line; metrics see every answer; CORS answers
+    preflights (which carry no key) and puts its headers on a 401 too; keys are checked before a body is read, and
+    before the answers that never change are sent from memory; a body is bounded before anything parses it. Each
+    error answer is written in its shape (OpenAI's under /v1/) where it is made (service/api/errors.py)."""
     settings = parts.settings
-    bodies = BodyBudget(settings.max_inflight_bytes, settings.max_inflight_bytes_per_client, parts.metrics)
     app.add_middleware(
         BodyLimit,
         limit=settings.max_body_bytes,
-        budget=bodies,
+        budget=body_budget(settings, parts.metrics),
         retry_after_s=settings.retry_after_s,
         timeout_s=settings.body_timeout_s,
         min_rate=settings.body_min_rate,
@@ -87,7 +86,6 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type"],
         )
-    app.add_middleware(errors.OpenAIErrors)
     app.add_middleware(RequestMetrics, metrics=parts.metrics)
     app.add_middleware(RequestId, access_log=settings.access_log)  # every answer, errors too, carries the id
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from service.admission import Admission, AnswerBudget
+from service.admission import Admission, KeyedBudget
 from service.errors import NotReady
 from service.metrics import Metrics
 from service.models import ModelRegistry, ServedModel
@@ -22,7 +22,7 @@ class Runtime:
     settings: Settings
     metrics: Metrics
     admission: Admission
-    answers: AnswerBudget
+    answers: KeyedBudget
     # CPU pools of their own, so that neither waits behind the other nor behind asyncio's default pool
     tokenize_pool: ThreadPoolExecutor
     encode_pool: ThreadPoolExecutor

@@ -3,6 +3,7 @@ settings and limits in force) and /metrics (Prometheus)."""
 
 from __future__ import annotations
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -11,15 +12,28 @@ from service import __version__
 from service.admission import BYTES_PER_NUMBER
 from service.api.answers import JSON, NPZ, json_response
 from service.api.dependencies import model_named, runtime
+from service.api.request_id import HEADER, request_id
 from service.api.schemas import MAX_OUTPUTS, ErrorResponse
 from service.models import ServedModel
 
 router = APIRouter()
+LIVE_PATH = "/health/live"
+LIVE = orjson.dumps({"status": "live"})
 
 
-@router.get("/health/live", summary="the process is up")
+@router.get(LIVE_PATH, summary="the process is up")
 async def live():
-    return {"status": "live"}
+    return Response(LIVE, media_type="application/json")
+
+
+async def live_answer(scope, receive, send) -> None:
+    """/health/live's answer as an ASGI app of its own, the same as the route's, which the HTTP server gives
+    without the app's middleware or turns (service/server/protocol.py): the process is up; with its X-Request-Id,
+    as every answer the app gives (service/api/request_id.py)."""
+    rid = request_id([value for name, value in scope["headers"] if name == HEADER]).encode("ascii")
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(LIVE)), (HEADER, rid)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else LIVE})
 
 
 @router.get(
@@ -46,7 +60,7 @@ async def ready(request: Request):
 async def info(request: Request, model: str | None = None):
     chosen = model_named(request, model)
     settings = runtime(request).settings
-    caps = getattr(request.app.state, "connections", None)  # service/api/server.py: the connections' caps in force
+    caps = getattr(request.app.state, "connections", None)  # service/server/serve.py: the connections' caps in force
     return json_response(
         {
             "model": chosen.name,

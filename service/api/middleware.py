@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable
 from time import perf_counter, thread_time
 
-import orjson
-
-from service.admission import AnswerBudget, BodyBudget
+from service.admission import KeyedBudget
+from service.api.errors import send_error
+from service.errors import BadRequest, NotReady, Overloaded, TooLarge, TooSlow, Unauthorized
 from service.metrics import Metrics
 
 log = logging.getLogger("elmo.service")
@@ -39,8 +39,9 @@ class ApiKeys:
             return await self.app(scope, receive, send)
         given = [value for name, value in scope.get("headers") or () if name == b"authorization"]
         if len(given) > 1:  # which one counts would be a guess (a proxy may read the first, this the last)
-            detail = {"detail": f"authorization: {len(given)} Authorization headers; send one"}
-            return await send_json(send, 400, detail)
+            return await send_error(
+                scope, send, BadRequest(f"{len(given)} Authorization headers; send one", "authorization")
+            )
         header = given[0] if given else b""
         scheme, _, token = header.partition(b" ")
         presented = hashlib.sha256(token.strip()).digest()
@@ -49,9 +50,12 @@ class ApiKeys:
             matched |= hmac.compare_digest(presented, digest)
         if matched and scheme.lower() == b"bearer":
             return await self.app(scope, receive, send)
-        detail = {"detail": "authorization: an API key is required (Authorization: Bearer <key>)"}
         challenge = b'Bearer error="invalid_token"' if header else b"Bearer"
-        await send_json(send, 401, detail, [(b"www-authenticate", challenge)])
+        refused = Unauthorized(
+            "an API key is required (Authorization: Bearer <key>)", "authorization",
+            headers=[(b"www-authenticate", challenge)],
+        )  # fmt: skip
+        await send_error(scope, send, refused)
 
 
 NEXT_PART_S = 0.05  # the least a body behind the minimum rate still gets for its next part
@@ -68,9 +72,8 @@ class BodyLimit:
     ten clients that send most of a large body and then stop would hold the whole budget for as long as they
     keep their connections open, and every other POST would get 503."""
 
-    def __init__(self, app, limit: int, budget: BodyBudget, retry_after_s: int, timeout_s: float, min_rate: int):
-        self.app, self.limit, self.budget = app, limit, budget
-        self.retry_after = str(retry_after_s).encode()
+    def __init__(self, app, limit: int, budget: KeyedBudget, retry_after_s: int, timeout_s: float, min_rate: int):
+        self.app, self.limit, self.budget, self.retry_after_s = app, limit, budget, retry_after_s
         self.timeout_s, self.min_rate = timeout_s, min_rate
 
     async def __call__(self, scope, receive, send):
@@ -78,7 +81,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or {}).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._too_large(send)
+            return await self._too_large(scope, send)
         chunks, size, more = [], 0, True
         start = perf_counter()
         client = client_address(scope)
@@ -87,14 +90,16 @@ class BodyLimit:
                 try:
                     message = await asyncio.wait_for(receive(), self._wait(start, size))
                 except asyncio.TimeoutError:
-                    return await self._too_slow(send, size, perf_counter() - start)
+                    return await self._too_slow(scope, send, size, perf_counter() - start)
                 if message["type"] != "http.request":
                     break  # the client went away; the app will see it
                 chunk = message.get("body", b"")
                 if size + len(chunk) > self.limit:
-                    return await self._too_large(send)
-                if refused := self.budget.take(client, len(chunk)):
-                    return await send_json(send, 503, {"detail": refused}, [(b"retry-after", self.retry_after)])
+                    return await self._too_large(scope, send)
+                try:
+                    self.budget.take(client, len(chunk))
+                except Overloaded as refused:
+                    return await send_error(scope, send, refused, self.retry_after_s)
                 chunks.append(chunk)
                 size += len(chunk)
                 more = message.get("more_body", False)
@@ -123,32 +128,32 @@ class BodyLimit:
         # Never 0: wait_for(receive(), 0) times out without letting receive() hand over a part already waiting.
         return max(NEXT_PART_S, min(self.timeout_s, behind_rate))
 
-    async def _too_slow(self, send, size: int, seconds: float):
+    async def _too_slow(self, scope, send, size: int, seconds: float):
         rate = f", at least {self.min_rate} bytes/s on average" if self.min_rate else ""
-        detail = (
-            f"body: too slow ({size} bytes in {seconds:.1f} s); a body must keep arriving (a part at least every "
+        message = (
+            f"too slow ({size} bytes in {seconds:.1f} s); a body must keep arriving (a part at least every "
             f"{self.timeout_s:g} s{rate})"
         )
         # The rest of the body is never read: the connection cannot carry another request, so it is closed.
-        await send_json(send, 408, {"detail": detail}, [(b"connection", b"close")])
+        await send_error(scope, send, TooSlow(message, "body", headers=[(b"connection", b"close")]))
 
-    async def _too_large(self, send):
-        await send_json(send, 413, {"detail": f"body: larger than the limit of {self.limit} bytes"})
+    async def _too_large(self, scope, send):
+        await send_error(scope, send, TooLarge(f"larger than the limit of {self.limit} bytes", "body"))
 
 
 ANSWER_HELD = "elmo_answer_bytes"  # what a request holds of the answer budget, in its scope's state
 
 
 def client_address(scope) -> str:
-    """Whose request this is: the connection's address, or the client a trusted proxy names (uvicorn's proxy
-    headers middleware has put it in the scope; service/api/server.py)."""
+    """Whose request this is: the connection's address, or the client a trusted proxy names (the server's proxy
+    headers middleware has put it in the scope; service/server/serve.py)."""
     return (scope.get("client") or ("",))[0]
 
 
-def hold_answer(scope, budget: AnswerBudget, size: int) -> None:
+def hold_answer(scope, budget: KeyedBudget, size: int) -> None:
     """Take `size` bytes of the answer budget for this request (Overloaded if it cannot hold them); AnswerRelease
     gives them back once the answer is sent or the client has gone."""
-    budget.take(size, client_address(scope))
+    budget.take(client_address(scope), size)
     state = scope.setdefault("state", {})
     state[ANSWER_HELD] = state.get(ANSWER_HELD, 0) + size
 
@@ -156,14 +161,14 @@ def hold_answer(scope, budget: AnswerBudget, size: int) -> None:
 class AnswerRelease:
     """Around the routes: what a request took of the answer budget (`hold_answer`) is given back after it."""
 
-    def __init__(self, app, budget: AnswerBudget):
+    def __init__(self, app, budget: KeyedBudget):
         self.app, self.budget = app, budget
 
     async def __call__(self, scope, receive, send):
         try:
             await self.app(scope, receive, send)
         finally:
-            self.budget.give_back(scope.get("state", {}).pop(ANSWER_HELD, 0), client_address(scope))
+            self.budget.give_back(client_address(scope), scope.get("state", {}).pop(ANSWER_HELD, 0))
 
 
 class DrainCutoff:
@@ -173,7 +178,7 @@ class DrainCutoff:
     connection just before)."""
 
     def __init__(self, app, draining: Callable[[], bool], retry_after_s: int):
-        self.app, self.draining, self.retry_after = app, draining, str(retry_after_s).encode()
+        self.app, self.draining, self.retry_after_s = app, draining, retry_after_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -196,22 +201,8 @@ class DrainCutoff:
             if started:  # an answer still being sent (a slow reader): the server closed its connection already
                 log.info("the drain time passed while an answer was being sent: its connection was closed")
                 return
-            detail = {"detail": "shutting down: the request did not finish within the drain time; retry"}
-            await send_json(send, 503, detail, [(b"retry-after", self.retry_after)])
-
-
-async def send_json(send, status: int, payload: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    """A whole JSON response, from ASGI middleware (below the routes' exception handlers)."""
-    body = orjson.dumps(payload)
-    length = str(len(body)).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", length), *headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+            stopped = NotReady("shutting down: the request did not finish within the drain time; retry")
+            await send_error(scope, send, stopped, self.retry_after_s)
 
 
 class RequestMetrics:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from service.admission import Admission, AnswerBudget, BodyBudget, answer_bytes
+from service.admission import Admission, KeyedBudget, answer_budget, answer_bytes, body_budget
 from service.errors import InvalidRequest, Overloaded, TooLarge
 from service.metrics import Metrics
 from service.settings import Settings
@@ -70,23 +70,30 @@ def test_answer_size_is_an_upper_bound_and_names_the_ways_out(admission):
 
 def test_the_answer_budget_refuses_past_its_limit_and_takes_back_what_is_given():
     metrics = Metrics()
-    budget = AnswerBudget(100, metrics)
-    budget.take(60)
+    budget = KeyedBudget(100, None, "answers being made or sent", "to your address", metrics.answer_bytes)
+    budget.take("", 60)
     with pytest.raises(Overloaded, match="hold 60 of 100 bytes"):
-        budget.take(41)
-    budget.give_back(60)
-    budget.take(100)
+        budget.take("", 41)
+    budget.give_back("", 60)
+    budget.take("", 100)
     assert metrics.registry.get_sample_value("elmo_answer_bytes_held") == 100
 
 
 def test_the_body_budget_bounds_the_total_and_each_address():
-    budget = BodyBudget(inflight=100, per_client=60)
-    assert budget.take("a", 60) is None
-    assert "from your address hold 60 of 60" in budget.take("a", 1)
-    assert budget.take("b", 40) is None
-    assert "bodies in flight hold 100 of 100" in budget.take("c", 1)
+    metrics = Metrics()
+    budget = body_budget(
+        Settings().model_copy(update={"max_inflight_bytes": 100, "max_inflight_bytes_per_client": 60}), metrics
+    )
+    budget.take("a", 60)
+    with pytest.raises(Overloaded, match="request bodies in flight from your address hold 60 of 60") as refused:
+        budget.take("a", 1)
+    assert refused.value.status == 503
+    budget.take("b", 40)
+    with pytest.raises(Overloaded, match="request bodies in flight hold 100 of 100"):
+        budget.take("c", 1)
+    assert metrics.registry.get_sample_value("elmo_body_bytes_held") == 100
     budget.give_back("a", 60)
-    assert budget.by_client == {"b": 40} and budget.held == 40
+    assert budget.by_key == {"b": 40} and budget.held == 40
 
 
 def test_a_request_over_the_queue_however_truncate_cuts_it_is_refused_before_the_upper_bound(admission, monkeypatch):
@@ -106,12 +113,14 @@ def test_a_request_over_the_queue_however_truncate_cuts_it_is_refused_before_the
 
 
 def test_the_answer_budget_bounds_each_address_too():
-    budget = AnswerBudget(100, per_client=60)
-    budget.take(60, "a")
+    budget = answer_budget(
+        Settings().model_copy(update={"max_answers_inflight_bytes": 100, "max_answers_inflight_bytes_per_client": 60})
+    )
+    budget.take("a", 60)
     with pytest.raises(Overloaded, match="to your address hold 60 of 60 bytes"):
-        budget.take(1, "a")
-    budget.take(40, "b")  # another address still has the rest
+        budget.take("a", 1)
+    budget.take("b", 40)  # another address still has the rest
     with pytest.raises(Overloaded, match="answers being made or sent hold 100 of 100 bytes"):
-        budget.take(1, "c")
-    budget.give_back(60, "a")
-    assert budget.by_client == {"b": 40} and budget.held == 40
+        budget.take("c", 1)
+    budget.give_back("a", 60)
+    assert budget.by_key == {"b": 40} and budget.held == 40

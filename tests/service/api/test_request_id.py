@@ -14,10 +14,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from service.api.errors import OpenAIErrors, install
-from service.api.middleware import send_json
+from service.api.errors import install, send_error
 from service.api.request_id import SANE, RequestId, note, request_id
-from service.errors import InvalidRequest
+from service.errors import InvalidRequest, Unauthorized
 from service.logs import JsonFormatter, RequestFields, RequestLog, TextFormatter
 
 log = logging.getLogger("elmo.service")
@@ -26,7 +25,6 @@ log = logging.getLogger("elmo.service")
 def app_with_ids(access_log: bool = True) -> FastAPI:
     app = FastAPI()
     install(app, retry_after_s=1)
-    app.add_middleware(OpenAIErrors)
 
     @app.post("/embed")
     async def embed(body: dict):
@@ -50,7 +48,7 @@ def app_with_ids(access_log: bool = True) -> FastAPI:
 
     async def refused(scope, receive, send):  # an error a middleware answers, as ApiKeys does
         if scope["path"] == "/refused":
-            return await send_json(send, 401, {"detail": "authorization: an API key is required"})
+            return await send_error(scope, send, Unauthorized("an API key is required", "authorization"))
         return await inner(scope, receive, send)
 
     inner = app.build_middleware_stack()

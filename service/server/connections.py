@@ -4,7 +4,7 @@ its X-Forwarded-For names (the proxy is many clients' one address, so its connec
 
 - Connections: at most `limit` in all, below the open-files limit (raised at start to its hard limit), and
   `per_client` from one address. A connection past either is answered 503 and closed at once, with a line in the
-  log (bounded per address: service/api/log_bounds.py). At the limit in all, the address holding the most connections
+  log (bounded per address: service/server/log_bounds.py). At the limit in all, the address holding the most connections
   first loses its oldest idle one (connected and sending nothing, or idle between requests) to the newcomer. Without
   the caps, 1,100 connections that sent nothing took a server whose limit was 1024 out of descriptors: accept()
   failed, and 127 of 150 requests from other addresses were reset, with nothing logged.
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from uvicorn.middleware.proxy_headers import _TrustedHosts
-
-from service.api.log_bounds import AddressLog
+from service.errors import Overloaded
+from service.server.log_bounds import AddressLog
+from service.server.uvicorn_compat import TrustedProxies
 
 log = logging.getLogger("elmo.service")
 # Descriptors kept for what is not a connection (the listening socket, the event loop's, log files, /proc reads
@@ -65,24 +65,23 @@ class Trusted:
     address of X-Forwarded-For that is not one of them)."""
 
     def __init__(self, proxies: list[str]):
-        self.proxies = _TrustedHosts(proxies) if proxies else None
+        self.proxies = TrustedProxies(proxies)
 
     def __contains__(self, address: str) -> bool:
-        return self.proxies is not None and address in self.proxies
+        return address in self.proxies
 
     def client(self, peer: str, headers: list[tuple[bytes, bytes]]) -> str:
         """Whose request this is: the peer, or for a trusted proxy the client its X-Forwarded-For names."""
-        if self.proxies is None or peer not in self.proxies:
+        if peer not in self.proxies:
             return peer
         forwarded = [value for name, value in headers if name == b"x-forwarded-for"]
         if not forwarded:
             return peer
-        host, _ = self.proxies.get_trusted_client_address(b", ".join(forwarded).decode("latin-1"))
-        return host or peer
+        return self.proxies.client(b", ".join(forwarded).decode("latin-1")) or peer
 
 
 class Connection(Protocol):
-    """What the caps need of a connection (service/api/protocol.py's BoundedHttpProtocol)."""
+    """What the caps need of a connection (service/server/protocol.py's BoundedHttpProtocol)."""
 
     def idle(self) -> bool: ...
     def close_idle(self) -> None: ...
@@ -104,18 +103,20 @@ class ConnectionCaps:
         self.count = 0
         self.by_client: dict[str, dict[Connection, None]] = {}  # each address's connections, oldest first
 
-    def admit(self, connection: Connection, address: str) -> str | None:
-        """Hold `connection` from `address`; or why not (its 503's detail)."""
+    def admit(self, connection: Connection, address: str) -> Overloaded | None:
+        """Hold `connection` from `address`; or why not (its 503, with Retry-After: 1)."""
         mine = self.by_client.get(address, {})
         if len(mine) >= self.per_client and address not in self.trusted:
             self._refuse("per_client", address, "it has %d open, the limit per address", len(mine))
-            return (
-                f"connections: {len(mine)} open from your address; the limit is {self.per_client} per address: "
-                "close some, or retry later"
+            return Overloaded(
+                f"{len(mine)} open from your address; the limit is {self.per_client} per address: close some, or "
+                "retry later",
+                "connections",
+                retry_after=1,
             )
         if self.count >= self.limit and not self._evict_idle():
             self._refuse("total", address, "the server holds %d, its limit", self.count)
-            return f"connections: the server holds its limit of {self.limit}; retry later"
+            return Overloaded(f"the server holds its limit of {self.limit}; retry later", "connections", retry_after=1)
         self.by_client.setdefault(address, {})[connection] = None
         self.count += 1
         return None

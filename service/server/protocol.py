@@ -1,6 +1,6 @@
 """The HTTP protocol: uvicorn's httptools protocol, with the bounds on request heads, pipelines, unread answers and
-trailers that it lacks. It extends uvicorn's internals (HttpToolsProtocol's private methods), so service/api/server.py
-refuses to start on a uvicorn outside the range it was tested with."""
+trailers that it lacks. It extends uvicorn's internals through service/server/uvicorn_compat.py alone, whose checks
+refuse to start on a uvicorn that does not have them."""
 
 from __future__ import annotations
 
@@ -10,18 +10,24 @@ import logging
 import socket
 import struct
 
-import httptools
-import orjson
-from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
-
-from service.api.connections import ConnectionCaps, RequestTurns, Trusted
-from service.api.log_bounds import AddressLog
-from service.api.request_id import HEADER, request_id
+from service.errors import BadRequest, ServiceError, TooSlow, http_answer
+from service.server.connections import ConnectionCaps, RequestTurns, Trusted
+from service.server.log_bounds import AddressLog
+from service.server.uvicorn_compat import (
+    Cycle,
+    HttpBase,
+    ParserError,
+    ParserUpgrade,
+    answer_complete,
+    answer_started,
+    body_held,
+    client_gone,
+    close_after,
+    gone,
+    scope_of,
+)
 
 log = logging.getLogger("elmo.service")
-LIVE_PATH = "/health/live"
-LIVE = orjson.dumps({"status": "live"})  # what the route answers (service/api/health.py)
 LINGER_S = 2.0  # after refusing a request head, how long what the client still sends is read and dropped
 # What is parsed at once: a read of 256 KiB can hold 6,898 pipelined requests, and httptools parses a whole read
 # in one call, so reads are parsed in slices of this size, and no further while `max_pipelined` requests wait.
@@ -39,7 +45,7 @@ class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a request head over a bound."""
 
 
-class BoundedHttpProtocol(HttpToolsProtocol):
+class BoundedHttpProtocol(HttpBase):
     """uvicorn's httptools protocol, with what it leaves unbounded:
 
     - time: a request line and headers must arrive within `head_timeout_s` of the connection opening (for its
@@ -59,7 +65,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
       so a trailer `Authorization` passed the key check); they count against the header bounds.
     - a client that closes its sending side: by default it is taken as gone (its request is cancelled, as
       nginx does); with `answer_half_closed` it still gets its answer (TCP cannot tell the two apart).
-    - connections: at most `caps` allow, in all and from one address (service/api/connections.py); one past them
+    - connections: at most `caps` allow, in all and from one address (service/server/connections.py); one past them
       is answered 503 and closed at once.
     - turns: each request is started in its address's turn (`turns`), so that one address's many connections
       cannot fill the event loop's turns; `GET /health/live` is answered outside them, by the protocol itself,
@@ -81,16 +87,20 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     turns: RequestTurns | None = None  # None: each request starts at once
     trusted = Trusted([])  # the reverse proxies whose X-Forwarded-For names the client
     address_log = AddressLog(log)
+    live_path = "/health/live"
+    live = None  # the ASGI app that answers `GET live_path` outside the turns (None: the app, in its turn)
 
     @classmethod
     def configured(cls, **bounds) -> type[BoundedHttpProtocol]:
         """This protocol with these bounds (uvicorn makes one per connection from the class it is given)."""
         unknown = set(bounds) - {
             "head_timeout_s", "max_header_bytes", "max_headers", "max_pipelined", "write_timeout_s",
-            "answer_half_closed", "caps", "turns", "trusted", "address_log",
+            "answer_half_closed", "caps", "turns", "trusted", "address_log", "live_path", "live",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"not a bound of the protocol: {', '.join(sorted(unknown))}")
+        if bounds.get("live") is not None:
+            bounds["live"] = staticmethod(bounds["live"])  # an ASGI app, not a method of the protocol
         return type(cls.__name__, (cls,), bounds)
 
     def __init__(self, *args, **kwargs):
@@ -99,10 +109,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_head = False  # a request line has begun and its headers have not ended
         self._head_bytes = 0  # of the head in progress, from the parser's callbacks
         self._head_raw = 0  # bytes that came while a head was in progress, counted from its second read on
-        self._head_refusal: tuple[int, str] | None = None  # why a parser callback stopped the parser
+        self._head_refusal: ServiceError | None = None  # why a parser callback stopped the parser
         self._refusal: bytes | None = None  # the answer to a bad request, sent once those before it are answered
         self._unparsed = bytearray()  # read, not parsed yet: `max_pipelined` requests wait
-        self._running: RequestResponseCycle | None = None  # the request being answered
+        self._running: Cycle | None = None  # the request being answered
         self._trailers = 0  # fields of the trailer of the body in progress
         self._write_timer: asyncio.TimerHandle | None = None
         self._peer = ""  # the connection's address
@@ -112,8 +122,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.flow = _PipelineFlow(transport, self)
-        self._peer = self.client[0] if self.client else ""
+        self._peer = self.peer
         if self.caps is not None and (refused := self.caps.admit(self, self._peer)):
             self._turn_away(refused)
             return
@@ -123,14 +132,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, UNSENT_BYTES)
         self._arm_head_timer()
 
-    def _turn_away(self, detail: str) -> None:
+    def _turn_away(self, refused: ServiceError) -> None:
         """Answer 503 and close at once: the connection is over a cap (its descriptor is freed now)."""
         self._turned_away = True
-        body = orjson.dumps({"detail": detail})
-        head = [STATUS_LINE[503], b"retry-after: 1\r\ncontent-type: application/json\r\n"]
-        head += [b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)]
-        self.transport.write(b"".join([*head, body]))
-        self.transport.close()
+        self.wire.write(http_answer(refused))
+        self.wire.close()
 
     def idle(self) -> bool:
         """No request in progress: connected and nothing sent yet, or idle between requests."""
@@ -139,7 +145,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def close_idle(self) -> None:
         """Closed to make room for another connection (the caps' limit in all is reached)."""
         self._cancel_head_timer()
-        self.transport.close()
+        self.wire.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.caps is not None:
@@ -148,24 +154,23 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._cancel_write_timer()
         # uvicorn marks only the request parsed last as disconnected: the one being answered (when others were
         # pipelined behind it) then wrote to a closed transport, and logged a 5 KB traceback each time.
-        for cycle in (self._running, *(cycle for cycle, _ in self.pipeline)):
-            if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
-        self.pipeline.clear()
+        for cycle in (self._running, *(cycle for cycle, _ in self.waiting)):
+            if cycle is not None and not answer_complete(cycle):
+                gone(cycle)
+        self.waiting.clear()
         self._unparsed.clear()
         super().connection_lost(exc)
 
     def eof_received(self) -> bool | None:
         # True keeps the connection open to write the answer; None closes it (and the request is cancelled).
         running = self._running
-        if self.answer_half_closed and running is not None and not running.response_complete:
-            running.keep_alive = False  # nothing more can come: closed once answered
+        if self.answer_half_closed and running is not None and not answer_complete(running):
+            close_after(running)  # nothing more can come: closed once answered
             return True
         return None
 
     def data_received(self, data: bytes) -> None:
-        self._unset_keepalive_if_required()
+        self.stop_keep_alive_timer()
         if self._refusal is not None or self._turned_away:
             return  # a bad request came: nothing after it is read, and its answer waits for those before it
         self._unparsed += data
@@ -173,59 +178,65 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def _parse(self) -> None:
         """Parse what was read, a slice at a time, while fewer than `max_pipelined` requests wait."""
-        while self._unparsed and self._refusal is None and self.parser is not None and not self._pipeline_full():
+        while self._unparsed and self._refusal is None and self.http_parser is not None and not self._pipeline_full():
             piece = bytes(self._unparsed[:PARSE_SLICE])
             del self._unparsed[:PARSE_SLICE]
             self._feed(piece)
         if self._unparsed:
-            self.flow.pause_reading()  # resumed once the waiting requests are answered
+            self.pause_reads()  # resumed once the waiting requests are answered
         elif not self._pipeline_full() and not self._body_waits():
-            self.flow.resume_reading()
+            self.resume_reads()
+
+    def may_read(self) -> bool:
+        # Reading stays paused while the pipelined requests are at their bound or read bytes wait to be parsed (an
+        # app asking for its body resumes it otherwise).
+        return not self._unparsed and not self._pipeline_full()
 
     def _pipeline_full(self) -> bool:
-        return len(self.pipeline) >= self.max_pipelined
+        return len(self.waiting) >= self.max_pipelined
 
     def _body_waits(self) -> bool:
         """The request in progress holds more body than its app took (uvicorn pauses reading for that)."""
-        return self.cycle is not None and len(self.cycle.body) > 65536
+        return self.current is not None and body_held(self.current) > 65536
 
     def _feed(self, data: bytes) -> None:
         if self._in_head:
             self._head_raw += len(data)
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
+            self.http_parser.feed_data(data)
+        except ParserUpgrade:
+            if self.upgrade_served():
+                self.upgrade_to_websocket()
             else:
-                self._unsupported_upgrade_warning()
+                self.other_upgrade()
             self._unparsed.clear()
             return
-        except httptools.HttpParserError:
-            self._refuse(*(self._head_refusal or (400, "request: not valid HTTP/1.1")))
+        except ParserError:
+            self._refuse(self._head_refusal or BadRequest("not valid HTTP/1.1", "request"))
             return
         if self._in_head and self._head_raw > self.max_header_bytes:
-            self._refuse(431, self._too_large())
+            self._refuse(self._too_large())
 
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app) -> None:
+    def start_request(self, cycle: Cycle, app) -> None:
         self._running = cycle
-        scope = cycle.scope
-        if scope["method"] in ("GET", "HEAD") and scope["path"] == self.root_path + LIVE_PATH:
-            super()._start_asgi_task(cycle, _live)  # outside the turns, and the app's middleware
+        scope = scope_of(cycle)
+        live = self.live is not None and scope["path"] == self.mounted_at + self.live_path
+        if live and scope["method"] in ("GET", "HEAD"):
+            self.run_request(cycle, self.live)  # outside the turns, and the app's middleware
         elif self.turns is None:
-            super()._start_asgi_task(cycle, app)
+            self.run_request(cycle, app)
         else:
             address = self.trusted.client(self._peer, scope["headers"])
             self.turns.start(address, lambda: self._start_in_turn(cycle, app))
 
-    def _start_in_turn(self, cycle: RequestResponseCycle, app) -> None:
-        if cycle.disconnected or self.transport.is_closing():
+    def _start_in_turn(self, cycle: Cycle, app) -> None:
+        if client_gone(cycle) or self.wire.is_closing():
             return  # the client went while the request waited for its turn: nothing to answer
-        super()._start_asgi_task(cycle, app)
+        self.run_request(cycle, app)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.transport.is_closing():
+        if self.wire.is_closing():
             return
         if self._refusal is not None and not self._answering():
             self._send_refusal()
@@ -235,15 +246,15 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def cut_off(self) -> None:
         """Close the connection now if an answer is being sent on it (the drain time has passed)."""
         running = self._running
-        if running is not None and running.response_started and not running.response_complete:
-            self.transport.abort()
+        if running is not None and answer_started(running) and not answer_complete(running):
+            self.wire.abort()
 
     # -- answers that are not read
 
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(self.write_timeout_s, self._write_timed_out)
+            self._write_timer = self.event_loop.call_later(self.write_timeout_s, self._write_timed_out)
 
     def resume_writing(self) -> None:
         self._cancel_write_timer()
@@ -256,7 +267,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def _write_timed_out(self) -> None:
         self._write_timer = None
-        if not self.transport.is_closing():
+        if not self.wire.is_closing():
             self.address_log.info(
                 "write_timeout",
                 self._peer,
@@ -266,10 +277,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             )
             # Reset, not closed: a close would leave the kernel holding what is unsent (megabytes) behind its FIN
             # for as long as the client does not read it.
-            sock = self.transport.get_extra_info("socket")
+            sock = self.wire.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.transport.abort()
+            self.wire.abort()
 
     # -- parser callbacks
 
@@ -289,47 +300,50 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._head_bytes += len(name) + len(value) + 4
             if self._trailers > self.max_headers or self._head_bytes > self.max_header_bytes:
                 limit = f"{self.max_headers} fields and {self.max_header_bytes} bytes"
-                self._head_refusal = (431, f"trailers: over the limit of {limit} with the headers")
+                self._head_refusal = ServiceError(f"over the limit of {limit} with the headers", "trailers", status=431)
                 raise _HeadRefused
             return
         self._grow(len(name) + len(value) + 4)  # with ": " and CRLF
-        if len(self.headers) >= self.max_headers:
+        if len(self.head_fields) >= self.max_headers:
             limit = self.max_headers
-            self._head_refusal = (431, f"headers: over {limit} of them; the limit is {limit} per request")
+            self._head_refusal = ServiceError(
+                f"over {limit} of them; the limit is {limit} per request", "headers", status=431
+            )
             raise _HeadRefused
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        if self.parser.should_upgrade() and self._get_upgrade() == b"websocket":
-            self._head_refusal = (400, "upgrade: this server speaks no WebSocket; send plain HTTP/1.1 requests")
+        if self.http_parser.should_upgrade() and self.upgrade_asked() == b"websocket":
+            self._head_refusal = BadRequest("this server speaks no WebSocket; send plain HTTP/1.1 requests", "upgrade")
             raise _HeadRefused  # answered after the requests before it, as a bad head is
         self._in_head = False
-        self._trailers = len(self.headers)
+        self._trailers = len(self.head_fields)
         self._cancel_head_timer()
         super().on_headers_complete()
 
-    def _unsupported_upgrade_warning(self) -> None:
+    def other_upgrade(self) -> None:
         # An upgrade other than WebSocket's (h2c): its request is answered as HTTP/1.1, which RFC 9110 allows, and
         # then the connection is closed, since httptools parses nothing after it. uvicorn logged two warnings per
         # request here.
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.keep_alive = False
+        if self.current is not None and not answer_complete(self.current):
+            close_after(self.current)
         elif not self._answering():
-            self.transport.close()
+            self.wire.close()
 
     # -- bounds
 
     def _grow(self, size: int) -> None:
         self._head_bytes += size
         if self._head_bytes > self.max_header_bytes:
-            self._head_refusal = (431, self._too_large())
+            self._head_refusal = self._too_large()
             raise _HeadRefused
 
-    def _too_large(self) -> str:
-        return f"headers: the request line and headers are over the limit of {self.max_header_bytes} bytes"
+    def _too_large(self) -> ServiceError:
+        message = f"the request line and headers are over the limit of {self.max_header_bytes} bytes"
+        return ServiceError(message, "headers", status=431)
 
     def _arm_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+        self._head_timer = self.event_loop.call_later(self.head_timeout_s, self._head_timed_out)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -338,67 +352,39 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self.transport.is_closing():
+        if self.wire.is_closing():
             return
         if self._in_head:
-            self._refuse(408, f"headers: not all in within {self.head_timeout_s:g} s; send them at once")
+            self._refuse(TooSlow(f"not all in within {self.head_timeout_s:g} s; send them at once", "headers"))
         elif not self._answering():
-            self.transport.close()  # connected and sent nothing: there is no request to answer
+            self.wire.close()  # connected and sent nothing: there is no request to answer
 
     def _answering(self) -> bool:
         """Whether requests that came before are still being answered (pipelined ones included)."""
-        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+        return bool(self.waiting) or (self.current is not None and not answer_complete(self.current))
 
-    def _refuse(self, status: int, detail: str) -> None:
-        """Answer `status` and close, after the answers to the requests before it (HTTP/1.1 answers in order)."""
+    def _refuse(self, refused: ServiceError) -> None:
+        """Answer `refused` and close, after the answers to the requests before it (HTTP/1.1 answers in order)."""
         self._cancel_head_timer()
         self._unparsed.clear()
-        body = orjson.dumps({"detail": detail})
-        head = [STATUS_LINE[status]]
-        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
-        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body)]
-        self._refusal = b"".join([*head, b"connection: close\r\n\r\n", body])
-        cycle = self.cycle
-        if not self._in_head and cycle is self._running and cycle is not None and not cycle.response_started:
+        self._refusal = http_answer(refused, self.server_headers)
+        cycle = self.current
+        if not self._in_head and cycle is self._running and cycle is not None and not answer_started(cycle):
             # The request being answered is the bad one (its body or trailer): it is answered now, not after the
             # body timeout, and its app sees the client gone.
-            cycle.disconnected = True
-            cycle.message_event.set()
+            gone(cycle)
             self._send_refusal()
         elif not self._answering():
             self._send_refusal()
 
     def _send_refusal(self) -> None:
         self._unparsed.clear()
-        self.transport.write(self._refusal)
-        if not self.transport.can_write_eof():
-            self.transport.close()
+        self.wire.write(self._refusal)
+        if not self.wire.can_write_eof():
+            self.wire.close()
             return
         # Closing a socket with unread bytes resets the connection, and the client may lose the answer before it
         # reads it (a 1 MB header is still arriving): end the sending side, read and drop what still comes for
         # a moment, then close.
-        self.transport.write_eof()
-        self.loop.call_later(LINGER_S, self.transport.close)
-
-
-async def _live(scope, receive, send) -> None:
-    """/health/live's answer, as the route gives it, without the app's middleware or turns: the process is up; with
-    its X-Request-Id, as every answer the app gives (service/api/request_id.py)."""
-    length = b"%d" % len(LIVE)
-    rid = request_id([value for name, value in scope["headers"] if name == HEADER]).encode("ascii")
-    headers = [(b"content-type", b"application/json"), (b"content-length", length), (HEADER, rid)]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else LIVE})
-
-
-class _PipelineFlow(FlowControl):
-    """uvicorn's flow control, except that reading stays paused while the connection's pipelined requests are at
-    their bound or it holds read bytes not parsed yet (an app asking for its body resumes reading)."""
-
-    def __init__(self, transport: asyncio.Transport, protocol: BoundedHttpProtocol):
-        super().__init__(transport)
-        self.protocol = protocol
-
-    def resume_reading(self) -> None:
-        if not self.protocol._unparsed and not self.protocol._pipeline_full():
-            super().resume_reading()
+        self.wire.write_eof()
+        self.event_loop.call_later(LINGER_S, self.wire.close)

@@ -1,4 +1,4 @@
-"""The HTTP server's bounds per address below the app (service/api/connections.py, service/api/log_bounds.py), without a
+"""The HTTP server's bounds per address below the app (service/server/connections.py and log_bounds.py), without a
 server: the open-files limit raised and the caps below it, the caps per address and in all, the turns in which
 requests start, and what a client can make the server log. tests/e2e/test_connections.py checks them on a real
 one."""
@@ -11,8 +11,8 @@ import resource
 
 import pytest
 
-from service.api.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
-from service.api.log_bounds import AddressLog
+from service.server.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
+from service.server.log_bounds import AddressLog
 
 
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one():
@@ -54,7 +54,7 @@ def test_connections_are_capped_per_address_and_trusted_proxies_only_in_all():
     capped, refused = caps(limit=10, per_client=2, trusted=["10.0.0.0/8"])
     a = [Conn() for _ in range(3)]
     assert capped.admit(a[0], "1.2.3.4") is None and capped.admit(a[1], "1.2.3.4") is None
-    assert capped.admit(a[2], "1.2.3.4").startswith("connections: 2 open from your address; the limit is 2")
+    assert capped.admit(a[2], "1.2.3.4").detail.startswith("connections: 2 open from your address; the limit is 2")
     assert all(capped.admit(Conn(), "10.1.2.3") is None for _ in range(5))  # a proxy: many clients' one address
     assert refused == ["per_client"] and capped.count == 7
     capped.release(a[0], "1.2.3.4")
@@ -72,7 +72,7 @@ def test_at_the_limit_the_largest_holder_s_oldest_idle_connection_makes_room():
     assert idle_a.closed and not idle_b.closed and not busy.closed and capped.count == 4
     assert capped.admit(Conn(idle=False), "d") is None  # "a" has none idle left, nor "c": "b"'s goes
     assert idle_b.closed
-    assert capped.admit(Conn(), "e").startswith("connections: the server holds its limit of 4")
+    assert capped.admit(Conn(), "e").detail.startswith("connections: the server holds its limit of 4")
     assert refused == ["total"]
 
 
