@@ -191,6 +191,7 @@ class Settings(BaseSettings):
         [], description="when set, every route but /health/* needs `Authorization: Bearer <one of them>`"
     )
     cors_origins: Annotated[list[str], NoDecode] = Field([], description="origins allowed by CORS; none: no CORS")
+    explore: bool = Field(True, description="serve the /explore page (its files need no API key; its calls do)")
     # Trusted from 127.0.0.1 by uvicorn's default, X-Forwarded-For let any local process choose its address.
     forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
         [],

@@ -15,6 +15,7 @@ from service import __version__
 from service.admission import Admission, answer_budget, body_budget
 from service.api import embed, errors, health, openai, tracing
 from service.api.dependencies import Runtime
+from service.api.explore import ExplorePage
 from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
 from service.api.request_id import RequestId
 from service.api.static import StaticAnswers
@@ -78,6 +79,8 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
     app.add_middleware(AnswerRelease, budget=parts.answers)  # what a request took of the answer budget, given back
     app.add_middleware(StaticAnswers, fastapi=app)  # the OpenAPI document and the docs' files, from memory
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
+    if settings.explore:  # outside the keys: the page asks for one itself and sends it with its API calls
+        app.add_middleware(ExplorePage)
     app.add_middleware(DrainCutoff, draining=lambda: app.state.draining, retry_after_s=settings.retry_after_s)
     if settings.cors_origins:
         app.add_middleware(

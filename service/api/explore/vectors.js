@@ -1,0 +1,189 @@
+// The page's numbers: what /embed's answer decodes to, the API's scalar mix (service/mix.py, here in the browser
+// so that a slider never waits on the server), cosines, nearest tokens, a 2-D PCA by power iteration and the
+// sense separation. No DOM here: app.js draws.
+
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+export const LAYER_NORM_EPS = 1e-12; // service/mix.py's
+
+// /embed's base64: little-endian float32, C order (the API's `encoding: "base64"`).
+export function decodeFloat32(base64) {
+  const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+  if (LITTLE_ENDIAN) return new Float32Array(bytes.buffer);
+  const view = new DataView(bytes.buffer);
+  return Float32Array.from({ length: bytes.length / 4 }, (_, i) => view.getFloat32(4 * i, true));
+}
+
+// One sentence of an output "layers" answer: tokens, and its layers (num_layers, n, dim) as one Float32Array.
+export function sentenceOf(item) {
+  const [numLayers, n, dim] = item.shape;
+  const layers = decodeFloat32(item.embedding);
+  const sentence = { tokens: item.tokens, n, dim, numLayers, layers, stats: null };
+  sentence.vector = (layer, t) => layers.subarray((layer * n + t) * dim, (layer * n + t + 1) * dim);
+  return sentence;
+}
+
+// As the API: softmax(s) (the paper's mix) or s as given.
+export function mixWeights(s, normalize) {
+  if (normalize !== "softmax") return s.slice();
+  const top = Math.max(...s);
+  const e = s.map((x) => Math.exp(x - top));
+  const sum = e.reduce((a, b) => a + b, 0);
+  return e.map((x) => x / sum);
+}
+
+// Each layer's mean and 1/std over the sentence's tokens and dims (the API's layer_norm), in doubles, once: they do
+// not depend on the weights, so a slider move reuses them.
+function layerStats(sentence) {
+  if (sentence.stats) return sentence.stats;
+  const { n, dim, numLayers, layers } = sentence;
+  const size = n * dim;
+  sentence.stats = Array.from({ length: numLayers }, (_, j) => {
+    const part = layers.subarray(j * size, (j + 1) * size);
+    let sum = 0;
+    for (let i = 0; i < size; i++) sum += part[i];
+    const mean = sum / size;
+    let sq = 0;
+    for (let i = 0; i < size; i++) sq += (part[i] - mean) * (part[i] - mean);
+    return { mean, scale: 1 / Math.sqrt(sq / size + LAYER_NORM_EPS) };
+  });
+  return sentence.stats;
+}
+
+// gamma * sum_j w_j h_j for every token of the sentence, computed in doubles and stored as float32 (as the API
+// computes in float64 and answers float32): (n, dim) in one Float32Array.
+export function mixSentence(sentence, mix) {
+  const { n, dim, numLayers, layers } = sentence;
+  const w = mixWeights(mix.weights, mix.normalize).map((x) => x * mix.gamma);
+  const out = new Float32Array(n * dim);
+  const size = n * dim;
+  let shift = 0;
+  const coef = w.slice();
+  if (mix.layerNorm) {
+    // w_j * (h - mean_j) * scale_j = (w_j * scale_j) * h - w_j * scale_j * mean_j
+    const stats = layerStats(sentence);
+    for (let j = 0; j < numLayers; j++) {
+      coef[j] = w[j] * stats[j].scale;
+      shift -= coef[j] * stats[j].mean;
+    }
+  }
+  for (let i = 0; i < size; i++) {
+    let acc = shift;
+    for (let j = 0; j < numLayers; j++) acc += coef[j] * layers[j * size + i];
+    out[i] = acc;
+  }
+  return out;
+}
+
+export function dot(a, b) {
+  let s = 0;
+  for (let i = 0; i < a.length; i++) s += a[i] * b[i];
+  return s;
+}
+
+export function norm(a) {
+  return Math.sqrt(dot(a, a));
+}
+
+export function cosine(a, b, na = norm(a), nb = norm(b)) {
+  const d = na * nb;
+  return d > 0 ? dot(a, b) / d : 0;
+}
+
+// Occurrences x occurrences: a symmetric matrix of cosines (rows of Float64Array).
+export function cosineMatrix(vectors) {
+  const norms = vectors.map(norm);
+  const m = vectors.map(() => new Float64Array(vectors.length));
+  for (let i = 0; i < vectors.length; i++) {
+    m[i][i] = norms[i] > 0 ? 1 : 0;
+    for (let j = 0; j < i; j++) m[i][j] = m[j][i] = cosine(vectors[i], vectors[j], norms[i], norms[j]);
+  }
+  return m;
+}
+
+// Rows of `a` against rows of `b`: a.length x b.length cosines.
+export function crossCosines(a, b) {
+  const nb = b.map(norm);
+  return a.map((x) => {
+    const nx = norm(x);
+    return Float64Array.from(b, (y, j) => cosine(x, y, nx, nb[j]));
+  });
+}
+
+// For each query, the k nearest of the candidates by cosine, leaving out the query's own position.
+// candidates: [{vector, norm, ...}], queries: [{vector, skip}] where skip is the candidate index of itself.
+export function nearest(queries, candidates, k) {
+  return queries.map((q) => {
+    const nq = norm(q.vector);
+    const best = [];
+    for (let c = 0; c < candidates.length; c++) {
+      if (c === q.skip) continue;
+      const cand = candidates[c];
+      const value = cosine(q.vector, cand.vector, nq, cand.norm);
+      if (best.length < k || value > best[best.length - 1].value) {
+        best.push({ index: c, value });
+        best.sort((x, y) => y.value - x.value);
+        if (best.length > k) best.pop();
+      }
+    }
+    return best;
+  });
+}
+
+// The first two principal axes of `rows` (power iteration with deflation, from a fixed start so that the same
+// input always gives the same picture), and the mean they are centred on.
+export function pca2(rows) {
+  const dim = rows[0].length;
+  const mean = new Float64Array(dim);
+  for (const r of rows) for (let i = 0; i < dim; i++) mean[i] += r[i] / rows.length;
+  const centred = rows.map((r) => Float64Array.from(r, (x, i) => x - mean[i]));
+  const axes = [];
+  for (let a = 0; a < 2; a++) {
+    let v = Float64Array.from({ length: dim }, (_, i) => Math.sin(i + 1 + a));
+    for (let iter = 0; iter < 200; iter++) {
+      const next = new Float64Array(dim);
+      for (const r of centred) {
+        const p = dot(r, v);
+        for (let i = 0; i < dim; i++) next[i] += p * r[i];
+      }
+      for (const u of axes) {
+        const p = dot(next, u);
+        for (let i = 0; i < dim; i++) next[i] -= p * u[i];
+      }
+      const len = norm(next);
+      if (len === 0) break; // fewer than a + 1 distinct directions: this axis stays a fixed unit vector
+      const change = 1 - Math.abs(dot(next, v) / (len * norm(v)));
+      v = next.map((x) => x / len);
+      if (change < 1e-12) break;
+    }
+    const len = norm(v);
+    v = v.map((x) => x / len);
+    // a sign by rule (the largest entry positive): power iteration alone may flip it between runs
+    let big = 0;
+    for (let i = 1; i < dim; i++) if (Math.abs(v[i]) > Math.abs(v[big])) big = i;
+    if (v[big] < 0) v = v.map((x) => -x);
+    axes.push(v);
+  }
+  return { mean, axes, project: (r) => axes.map((u) => dot(u, r) - dot(u, mean)) };
+}
+
+// Mean cosine within groups (A with A, B with B) minus mean cosine between A and B; null without pairs of both.
+export function separation(matrix, groups) {
+  let within = 0;
+  let nWithin = 0;
+  let between = 0;
+  let nBetween = 0;
+  for (let i = 0; i < groups.length; i++) {
+    for (let j = 0; j < i; j++) {
+      if (!groups[i] || !groups[j]) continue;
+      if (groups[i] === groups[j]) {
+        within += matrix[i][j];
+        nWithin++;
+      } else {
+        between += matrix[i][j];
+        nBetween++;
+      }
+    }
+  }
+  if (!nWithin || !nBetween) return null;
+  return { within: within / nWithin, between: between / nBetween, value: within / nWithin - between / nBetween };
+}
