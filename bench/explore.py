@@ -151,9 +151,11 @@ def main() -> int:
     missing = browser_missing()
     if missing:
         raise SystemExit(missing)
-    flags = open("/proc/cpuinfo").read().split("\nflags")[1].split("\n")[0] if Path("/proc/cpuinfo").exists() else ""
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {chromium_version()}")
-    print(f"cpu flags:{flags.split(':', 1)[-1][:400]}")
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = next((line.split(":", 1)[1] for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "")
+    print(f"{model or platform.machine()}, {os.cpu_count()} cores; {chromium_version()}")
+    print(f"cpu flags:{flags}")
     sentences = example()
     cases = [("default model", DEFAULT_MODEL, sentences)]
     if args.full:
@@ -162,7 +164,8 @@ def main() -> int:
         server, url, _ = start_server(model, threads=1)
         try:
             weight = sum(len(httpx.get(f"{url}{path}").content) for path in PAGE_FILES)
-            tokens = sum(len(i["tokens"]) for i in httpx.post(f"{url}/tokenize", json={"sentences": texts}).json()["data"])
+            tokenized = httpx.post(f"{url}/tokenize", json={"sentences": texts}).json()["data"]
+            tokens = sum(len(item["tokens"]) for item in tokenized)
             load = os.getloadavg()[0]
             got = measure(url, texts, "bank", args.runs, args.moves)
         finally:
@@ -171,8 +174,9 @@ def main() -> int:
         s = got["slider"]
         print(f"\n{name}: {len(texts)} sentences, {tokens} tokens, {got['occurrences']} occurrences of 'bank'")
         print(f"  page weight            {weight:,} B (HTML + JS + CSS, uncompressed)")
-        print(f"  Embed to full render   {got['render_ms']:.0f} ms median of {args.runs} "
-              f"({', '.join(f'{x:.0f}' for x in got['render_all'])}); the server alone {got['server_ms']:.0f} ms")  # fmt: skip
+        each = ", ".join(f"{x:.0f}" for x in got["render_all"])
+        print(f"  Embed to full render   {got['render_ms']:.0f} ms median of {args.runs} ({each}); "
+              f"the server alone {got['server_ms']:.0f} ms")  # fmt: skip
         print(f"  slider move to redrawn p50 {s['p50']:.1f} ms, p95 {s['p95']:.1f} ms, p99 {s['p99']:.1f} ms "
               f"({args.moves} moves)")  # fmt: skip
         print(f"  load average at start  {load:.1f}; end {os.getloadavg()[0]:.1f}")

@@ -21,6 +21,7 @@ from tests.live_server import free_port, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 SENTENCES = [["The", "bank", "of", "the", "river", "."], ["Hello"]]
+EXPLORE_FILES = ["index.html", "app.js", "vectors.js", "explore.css"]
 
 
 def run(*command: str | Path, **kwargs) -> subprocess.CompletedProcess:
@@ -44,6 +45,7 @@ def test_the_wheel_holds_the_service_its_licence_and_the_default_model(dist):
         names = set(archive.namelist())
         metadata = archive.read(f"elmo_service-{__version__}.dist-info/METADATA").decode()
     shipped = {f"service/embedded/default/{p.name}" for p in DEFAULT_MODEL_DIR.iterdir()}
+    shipped |= {f"service/api/explore/{name}" for name in EXPLORE_FILES}  # the /explore page, package data too
     assert shipped <= names and f"elmo_service-{__version__}.dist-info/licenses/LICENSE" in names
     assert "License-Expression: Apache-2.0" in metadata and "Classifier: Framework :: FastAPI" in metadata
     assert "Provides-Extra: otel" in metadata and "Requires-Dist: torch" in metadata  # torch: the export extra only
@@ -88,6 +90,9 @@ def test_pip_install_the_wheel_then_serve_the_default_model_without_torch(dist, 
         assert info["version"] == __version__ and info["model"] == "default"
         answer = httpx.post(f"{url}/embed", json={"sentences": SENTENCES, "output": "layers"}, timeout=60)
         assert answer.status_code == 200, answer.text
+        page = httpx.get(f"{url}/explore")  # the page's files, from the installed package
+        assert page.status_code == 200 and 'src="explore/app.js"' in page.text
+        assert httpx.get(f"{url}/explore/app.js").content == (ROOT / "service/api/explore/app.js").read_bytes()
     finally:
         assert stop(proc) == 0, log.read_text()
     served = [np.asarray(item["embedding"], dtype=np.float32) for item in answer.json()["data"]]

@@ -87,7 +87,7 @@ class Page:
     def matrix(self, view: str) -> np.ndarray:
         values = self.value(f"""[...document.querySelectorAll('svg.matrix[data-view="{view}"] rect')]
                                 .map((r) => Number(r.dataset.v))""")
-        n = int(round(len(values) ** 0.5))
+        n = round(len(values) ** 0.5)
         return np.asarray(values).reshape(n, n)
 
     def close(self):
@@ -160,6 +160,13 @@ def test_a_slider_changes_the_mix_and_the_page_mix_equals_the_api_mix(tab, serve
     after = tab.matrix("mix")
     assert np.abs(after - before).max() > 1e-3
     np.testing.assert_allclose(after, tab.matrix("2"), atol=0.1)  # softmax(0, 0, 3) = 0.05, 0.05, 0.91
+    # "Copy as Python" runs as copied (the Python client) and answers the page's mix
+    copied = tab.value("document.getElementById('copy-python').textContent")
+    assert "weights=[0,0,3]" in copied, copied
+    scope: dict = {}
+    exec(copied, scope)
+    shown = page_mix(tab)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(shown, scope["vectors"], strict=True)) <= 1e-5
     cases = [
         {"weights": [0, 0, 3], "gamma": 1.0, "normalize": "softmax", "layer_norm": False},
         {"weights": [0.5, -1.2, 2.5], "gamma": 2.5, "normalize": "softmax", "layer_norm": True},
@@ -186,7 +193,8 @@ def test_an_over_limit_input_shows_the_servers_413_and_keeps_the_text(tab):
     text = " ".join(["word"] * (MAX_TOKENS + 5))
     tab.page.fill("#sentences", text)
     tab.page.click("#embed")
-    message = wait_until(tab.page, "document.getElementById('error').hidden ? '' : document.getElementById('error').textContent")
+    error = "document.getElementById('error')"
+    message = wait_until(tab.page, f"{error}.hidden ? '' : {error}.textContent")
     assert "413" in message and str(MAX_TOKENS) in message, message
     assert tab.page.input_value("#sentences") == text
 
@@ -282,10 +290,15 @@ def test_the_keyboard_alone_runs_the_whole_flow(tab):
 
 
 def test_the_screenshot(tab, tmp_path):
+    """The docs' picture: the example, the mix moved towards the upper layer, from the mix's sliders to the
+    matrices."""
     embed_example(tab)
+    tab.page.focus("#weight-2")
+    for _ in range(20):
+        tab.page.keyboard.press("ArrowRight")
     out = Path(os.environ.get("ELMO_EXPLORE_SCREENSHOT") or tmp_path / "explore.png")
-    tab.page.set_viewport_size({"width": 1280, "height": 1500})
-    tab.page.locator("#views").scroll_into_view_if_needed()
-    box = tab.page.locator("#mix-section").bounding_box()
-    tab.page.screenshot(path=str(out), full_page=True, clip={"x": 0, "y": box["y"] - 10, "width": 1280, "height": 1450})
+    top = tab.value("document.getElementById('mix-section').getBoundingClientRect().top + scrollY")
+    bottom = tab.value("document.getElementById('nearest').getBoundingClientRect().top + scrollY")
+    clip = {"x": 0, "y": top - 8, "width": 1280, "height": bottom - top}
+    tab.page.screenshot(path=str(out), full_page=True, clip=clip)
     assert 20_000 < out.stat().st_size < 300_000

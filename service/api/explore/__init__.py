@@ -14,7 +14,7 @@ from importlib import resources
 from service.api.static import Answer, _Route, _send
 
 PAGE = "/explore"
-MEDIA = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+MEDIA = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 # No inline script or style, nothing from elsewhere; no framing by other sites (clickjacking of the key field).
 POLICY = b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 EXTRA = [(b"content-security-policy", POLICY), (b"x-content-type-options", b"nosniff"), (b"cache-control", b"no-cache")]
@@ -27,7 +27,7 @@ def page_files() -> dict[str, Answer]:
         suffix = "." + file.name.rpartition(".")[2]
         if file.is_file() and suffix in MEDIA:
             path = PAGE if file.name == "index.html" else f"{PAGE}/{file.name}"
-            files[path] = Answer.of(file.read_bytes(), MEDIA[suffix])
+            files[path] = Answer.of(file.read_bytes(), f"{MEDIA[suffix]}; charset=utf-8")
     return files
 
 
