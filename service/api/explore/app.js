@@ -336,6 +336,7 @@ function pickWord(word) {
     matrices: layers.map((l) => V.cosineMatrix(occ.map((o) => tokenVector(l, o.s, o.t)))),
     nearest: layers.map((l) => nearestIn(l)),
     pca: V.pca2(rows),
+    ...mixGram(occ),
   };
   state.fixed.points = layers.map((l) => occ.map((o) => state.fixed.pca.project(tokenVector(l, o.s, o.t))));
   $("word-title").textContent = `“${word}”: ${occ.length} occurrence${occ.length === 1 ? "" : "s"} in ${new Set(occ.map((o) => o.s)).size} sentences`;
@@ -363,6 +364,23 @@ function allTokens(v) {
     }),
   );
   return list;
+}
+
+// What the mix's views need of the layers, once per word: every token, the occurrences' places among them, and the
+// dot products of their layers (vectors.js: mixCosines).
+function mixGram(occ) {
+  const tokens = [];
+  state.data.sentences.forEach((sentence, s) => sentence.tokens.forEach((token, t) => tokens.push({ sentence, s, t, token })));
+  const place = new Map(tokens.map((x, i) => [`${x.s},${x.t}`, i]));
+  const queries = occ.map((o) => tokens[place.get(`${o.s},${o.t}`)]);
+  return { tokens, queries, places: queries.map((q) => place.get(`${q.s},${q.t}`)), gram: V.layerGram(queries, tokens) };
+}
+
+// The mix's cosines, occurrences x all tokens, for the sliders' mix, from the dot products of the layers.
+function mixRows() {
+  const f = state.fixed;
+  const coefs = state.data.sentences.map((s) => V.mixCoefficients(s, mixOptions()));
+  return V.mixCosines(f.gram, f.queries, f.tokens, (x) => coefs[x.s], state.data.dim);
 }
 
 function nearestIn(v) {
@@ -496,7 +514,8 @@ function drawMixViews() {
   };
   const occ = state.occurrences;
   const mixVectors = occ.map((o) => tokenVector("mix", o.s, o.t));
-  const mixMatrix = V.cosineMatrix(mixVectors);
+  const rows = mixRows();
+  const mixMatrix = rows.map((row) => Float64Array.from(state.fixed.places, (c) => row[c]));
   const labels = state.occurrences.map(occLabel);
   const figureKey = `${state.drawn}|${state.word}|${labels.length}|${low}`;
   if (!patchMatrix($("matrix-mix"), figureKey, mixMatrix, low, (i, j, v) => `${labels[i]} × ${labels[j]}: ${fmt(v)}`)) {
@@ -509,7 +528,9 @@ function drawMixViews() {
   lap("matrix");
   drawTrails(occ.map((o) => state.fixed.pca.project(tokenVector("mix", o.s, o.t))));
   lap("trails");
-  const near = nearestIn("mix");
+  const near = V.topK(rows, state.fixed.places, NEAREST_K).map((list) =>
+    list.map((n) => ({ ...state.fixed.tokens[n.index], value: n.value })),
+  );
   lap("nearest (computed)");
   drawNearest(near);
   lap("nearest (drawn)");
@@ -554,11 +575,22 @@ function drawTrails(mixPoints) {
 function drawNearest(mixNearest) {
   const views = VIEWS();
   const lists = [...state.fixed.nearest, mixNearest];
+  const cell = (list) => list.map((n) => `<span class="nb${n.token === state.word ? " same" : ""}">${esc(n.token)}<sub>${n.s + 1}</sub> ${fmt(n.value)}</span>`).join(" ");
+  const box = $("nearest");
+  const key = `${state.drawn}|${state.word}`;
+  if (box.dataset.key === key) {
+    // a slider moved: only the mix's column changes
+    box.querySelectorAll("tr.occurrence").forEach((row, i) => {
+      row.lastElementChild.innerHTML = cell(mixNearest[i]);
+    });
+    return;
+  }
+  box.dataset.key = key;
   const head = `<tr><th scope="col">occurrence</th>${views.map((v) => `<th scope="col">${viewName(v)}</th>`).join("")}</tr>`;
   const body = state.occurrences
     .map((o, i) => {
-      const cells = lists.map((list) => `<td>${list[i].map((n) => `<span class="nb${n.token === state.word ? " same" : ""}">${esc(n.token)}<sub>${n.s + 1}</sub> ${fmt(n.value)}</span>`).join(" ")}</td>`);
-      return `<tr><th scope="row">${esc(occLabel(o))}</th>${cells.join("")}</tr>`;
+      const cells = lists.map((list) => `<td>${cell(list[i])}</td>`);
+      return `<tr class="occurrence"><th scope="row">${esc(occLabel(o))}</th>${cells.join("")}</tr>`;
     })
     .join("");
   $("nearest").innerHTML = `<table class="nearest"><caption>The ${NEAREST_K} nearest tokens (cosine; subscript: sentence) of each occurrence, among all tokens typed</caption>${head}${body}</table>`;

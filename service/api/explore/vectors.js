@@ -74,10 +74,23 @@ export function mixSentence(sentence, mix) {
   return out;
 }
 
+// Four sums side by side: V8 keeps them in registers and the loop runs about twice as fast as with one
+// (the nearest tokens of the mix, 40 x 600 of these at dim 1024, are most of a slider move's arithmetic).
 export function dot(a, b) {
-  let s = 0;
-  for (let i = 0; i < a.length; i++) s += a[i] * b[i];
-  return s;
+  const n = a.length;
+  const end = n - (n % 4);
+  let s0 = 0;
+  let s1 = 0;
+  let s2 = 0;
+  let s3 = 0;
+  for (let i = 0; i < end; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (let i = end; i < n; i++) s0 += a[i] * b[i];
+  return s0 + s1 + s2 + s3;
 }
 
 export function norm(a) {
@@ -186,4 +199,87 @@ export function separation(matrix, groups) {
   }
   if (!nWithin || !nBetween) return null;
   return { within: within / nWithin, between: between / nBetween, value: within / nWithin - between / nBetween };
+}
+
+// ---- the mix's cosines from the layers' dot products
+// A token's mix is m = sum_j c_j h_j + b: c_j = gamma * w_j (divided by the layer's std with layer_norm) and b a
+// number added to every dim (-sum_j c_j mean_j with layer_norm, else 0); c and b are the sentence's. So
+//   <m_x, m_y> = sum_jk c_j(x) c_k(y) <h_jx, h_ky> + b(y) sum_j c_j(x) S_jx + b(x) sum_k c_k(y) S_ky + dim b(x) b(y)
+// with S_jx the sum of h_jx's entries. The dot products <h_jx, h_ky> do not depend on the mix: computed once per
+// word (occurrences x all tokens), a slider move costs L*L multiplications per pair instead of a dot product of
+// `dim` (at dim 1024, 40 occurrences and 600 tokens: 0.2 M instead of 25 M).
+
+// c and b of a sentence for `mix`.
+export function mixCoefficients(sentence, mix) {
+  const w = mixWeights(mix.weights, mix.normalize).map((x) => x * mix.gamma);
+  if (!mix.layerNorm) return { coef: w, shift: 0 };
+  const stats = layerStats(sentence);
+  const coef = w.map((x, j) => x * stats[j].scale);
+  return { coef, shift: -coef.reduce((acc, c, j) => acc + c * stats[j].mean, 0) };
+}
+
+// tokens: [{sentence, t}]. For each query and each token, the L x L dot products of their layers; each token's own
+// L x L, and each token's layer sums.
+export function layerGram(queries, tokens) {
+  const L = tokens[0].sentence.numLayers;
+  const vec = (x, j) => x.sentence.vector(j, x.t);
+  const sums = (x) => Float64Array.from({ length: L }, (_, j) => vec(x, j).reduce((a, b) => a + b, 0));
+  const own = (x) => Float64Array.from({ length: L * L }, (_, jk) => dot(vec(x, Math.floor(jk / L)), vec(x, jk % L)));
+  const pairs = queries.map((q) =>
+    tokens.map((x) => {
+      const g = new Float64Array(L * L);
+      for (let j = 0; j < L; j++) for (let k = 0; k < L; k++) g[j * L + k] = dot(vec(q, j), vec(x, k));
+      return g;
+    }),
+  );
+  return { L, pairs, tokenSums: tokens.map(sums), tokenOwn: tokens.map(own), querySums: queries.map(sums), queryOwn: queries.map(own) };
+}
+
+function mixDot(g, cx, cy, sx, sy, L, dim) {
+  let s = 0;
+  for (let j = 0; j < L; j++) {
+    let inner = 0;
+    for (let k = 0; k < L; k++) inner += g[j * L + k] * cy.coef[k];
+    s += cx.coef[j] * inner;
+  }
+  let ax = 0;
+  let ay = 0;
+  for (let j = 0; j < L; j++) {
+    ax += cx.coef[j] * sx[j];
+    ay += cy.coef[j] * sy[j];
+  }
+  return s + cy.shift * ax + cx.shift * ay + dim * cx.shift * cy.shift;
+}
+
+// The cosines of the queries' mixes with every token's mix: queries x tokens. coefOf(x): the mixCoefficients of
+// x's sentence.
+export function mixCosines(gram, queries, tokens, coefOf, dim) {
+  const { L } = gram;
+  const tokenCoef = tokens.map(coefOf);
+  const tokenNorm = tokens.map((x, i) => Math.sqrt(Math.max(0, mixDot(gram.tokenOwn[i], tokenCoef[i], tokenCoef[i], gram.tokenSums[i], gram.tokenSums[i], L, dim))));
+  return queries.map((q, a) => {
+    const cq = coefOf(q);
+    const nq = Math.sqrt(Math.max(0, mixDot(gram.queryOwn[a], cq, cq, gram.querySums[a], gram.querySums[a], L, dim)));
+    return Float64Array.from(tokens, (x, i) => {
+      const d = nq * tokenNorm[i];
+      return d > 0 ? mixDot(gram.pairs[a][i], cq, tokenCoef[i], gram.querySums[a], gram.tokenSums[i], L, dim) / d : 0;
+    });
+  });
+}
+
+// The k largest of each row, leaving out one column per row (the query itself): [{index, value}] best first.
+export function topK(rows, skips, k) {
+  return rows.map((row, r) => {
+    const best = [];
+    for (let c = 0; c < row.length; c++) {
+      if (c === skips[r]) continue;
+      const value = row[c];
+      if (best.length < k || value > best[best.length - 1].value) {
+        best.push({ index: c, value });
+        best.sort((x, y) => y.value - x.value);
+        if (best.length > k) best.pop();
+      }
+    }
+    return best;
+  });
 }
