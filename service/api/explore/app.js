@@ -299,13 +299,16 @@ function drawTokens() {
 
 const VIEWS = () => [...Array(state.data.numLayers).keys(), "mix"];
 const viewName = (v) => (v === "mix" ? "mix" : `layer ${v}`);
-const tokenVector = (v, s, t) => (v === "mix" ? state.mixed[s].subarray(t * state.data.dim, (t + 1) * state.data.dim) : state.data.sentences[s].vector(v, t));
+const tokenVector = (v, s, t) => (v === "mix" ? mixedOf(s).subarray(t * state.data.dim, (t + 1) * state.data.dim) : state.data.sentences[s].vector(v, t));
+// A sentence's mixed vectors, computed when first needed after a slider move (the views of the mix need none but
+// the heatmap's two sentences: vectors.js computes their cosines, points and norms from the layers).
+const mixedOf = (s) => (state.mixed[s] ??= V.mixSentence(state.data.sentences[s], mixOptions()));
 const mixOptions = () => ({ weights: state.weights, gamma: state.gamma, normalize: state.normalize, layerNorm: state.layerNorm });
 
 // Every token's mix, from the layers: what the API's output "mix" answers for these settings.
 function remix() {
   const started = performance.now();
-  state.mixed = state.data.sentences.map((s) => V.mixSentence(s, mixOptions()));
+  state.mixed = new Array(state.data.sentences.length).fill(null);
   const w = V.mixWeights(state.weights, state.normalize);
   state.weights.forEach((value, j) => {
     const out = $(`weight-${j}-out`);
@@ -330,15 +333,16 @@ function pickWord(word) {
   state.occurrences = occ;
   for (const b of document.querySelectorAll("button.token")) b.setAttribute("aria-pressed", String(b.dataset.token === word));
   // what the sliders do not change: each layer's matrix and neighbours, and the PCA over all layers' vectors
+  // (each layer's cosines are the diagonal blocks of the layers' dot products that the mix's views need anyway)
   const layers = [...Array(state.data.numLayers).keys()];
   const rows = layers.flatMap((l) => occ.map((o) => tokenVector(l, o.s, o.t)));
-  state.fixed = {
-    matrices: layers.map((l) => V.cosineMatrix(occ.map((o) => tokenVector(l, o.s, o.t)))),
-    nearest: layers.map((l) => nearestIn(l)),
-    pca: V.pca2(rows),
-    ...mixGram(occ),
-  };
-  state.fixed.points = layers.map((l) => occ.map((o) => state.fixed.pca.project(tokenVector(l, o.s, o.t))));
+  const fixed = mixGram(occ);
+  const cosines = layers.map((l) => V.layerCosines(fixed.gram, l));
+  fixed.matrices = cosines.map((c) => c.map((row) => Float64Array.from(fixed.places, (p) => row[p])));
+  fixed.nearest = cosines.map((c) => nearestOf(c, fixed));
+  fixed.pca = V.pca2(rows);
+  fixed.points = layers.map((l) => occ.map((o) => fixed.pca.project(tokenVector(l, o.s, o.t))));
+  state.fixed = fixed;
   $("word-title").textContent = `“${word}”: ${occ.length} occurrence${occ.length === 1 ? "" : "s"} in ${new Set(occ.map((o) => o.s)).size} sentences`;
   drawLayerMatrices();
   drawMixViews();
@@ -355,16 +359,6 @@ function drawLayerMatrices() {
   $("matrices-fixed").innerHTML = state.fixed.matrices.map((m, l) => matrixFigure(l, m)).join("");
 }
 
-function allTokens(v) {
-  const list = [];
-  state.data.sentences.forEach((s, i) =>
-    s.tokens.forEach((t, j) => {
-      const vector = tokenVector(v, i, j);
-      list.push({ s: i, t: j, token: t, vector, norm: V.norm(vector) });
-    }),
-  );
-  return list;
-}
 
 // What the mix's views need of the layers, once per word: every token, the occurrences' places among them, and the
 // dot products of their layers (vectors.js: mixCosines).
@@ -380,14 +374,13 @@ function mixGram(occ) {
 function mixRows() {
   const f = state.fixed;
   const coefs = state.data.sentences.map((s) => V.mixCoefficients(s, mixOptions()));
-  return V.mixCosines(f.gram, f.queries, f.tokens, (x) => coefs[x.s], state.data.dim);
+  const { rows, queryNorms } = V.mixCosines(f.gram, f.queries, f.tokens, (x) => coefs[x.s], state.data.dim);
+  return { rows, queryNorms, coefs };
 }
 
-function nearestIn(v) {
-  const candidates = allTokens(v);
-  const index = new Map(candidates.map((c, k) => [`${c.s},${c.t}`, k]));
-  const queries = state.occurrences.map((o) => ({ vector: tokenVector(v, o.s, o.t), skip: index.get(`${o.s},${o.t}`) }));
-  return V.nearest(queries, candidates, NEAREST_K).map((list) => list.map((n) => ({ ...candidates[n.index], value: n.value })));
+// The nearest tokens of each occurrence from its row of cosines with every token (itself left out).
+function nearestOf(rows, fixed = state.fixed) {
+  return V.topK(rows, fixed.places, NEAREST_K).map((list) => list.map((n) => ({ ...fixed.tokens[n.index], value: n.value })));
 }
 
 function redrawWord() {
@@ -463,9 +456,36 @@ function toggled(event) {
   }
 }
 
+// A view redrawn as `html`: into the elements already there when they are the same ones (what differs of their
+// attributes and text copied over), else written anew. A slider move then adds no element to the page: laying out
+// new elements is most of what a redraw costs.
+function morph(box, html) {
+  const model = document.createElement("template");
+  model.innerHTML = html; // parsed apart from the page: no style, no layout
+  if (!box.firstChild || !sameInto(box, model.content)) box.innerHTML = html;
+}
+
+function sameInto(live, model) {
+  const a = live.childNodes;
+  const b = model.childNodes;
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i];
+    const y = b[i];
+    if (x.nodeName !== y.nodeName) return false;
+    if (x.nodeType === Node.TEXT_NODE) {
+      if (x.data !== y.data) x.data = y.data;
+    } else if (x.nodeType === Node.ELEMENT_NODE) {
+      for (const { name, value } of y.attributes) if (x.getAttribute(name) !== value) x.setAttribute(name, value);
+      if (!sameInto(x, y)) return false;
+    }
+  }
+  return true;
+}
+
 // A matrix redrawn with the same cells (a slider moved): new colours, values and titles in place, no new elements
 // (what costs a slider move most is laying out new ones). False when the cells are not the same ones.
-function patchMatrix(box, key, matrix, from, label) {
+function patchMatrix(box, key, matrix, from) {
   if (box.dataset.key !== key) return false;
   const rects = box.querySelectorAll("svg rect");
   const m = matrix[0]?.length || 0;
@@ -475,8 +495,7 @@ function patchMatrix(box, key, matrix, from, label) {
       const rect = rects[i * m + j];
       const v = matrix[i][j];
       rect.setAttribute("fill", cellColour(v, from));
-      rect.dataset.v = v.toFixed(6);
-      rect.firstChild.textContent = label(i, j, v);
+      rect.dataset.v = v.toFixed(6); // its <title>'s number is brought up to date when it is pointed at (retitle)
     }
   }
   const details = box.querySelector("details");
@@ -513,24 +532,21 @@ function drawMixViews() {
     mark = now;
   };
   const occ = state.occurrences;
-  const mixVectors = occ.map((o) => tokenVector("mix", o.s, o.t));
-  const rows = mixRows();
+  const { rows, queryNorms, coefs } = mixRows();
   const mixMatrix = rows.map((row) => Float64Array.from(state.fixed.places, (c) => row[c]));
   const labels = state.occurrences.map(occLabel);
   const figureKey = `${state.drawn}|${state.word}|${labels.length}|${low}`;
-  if (!patchMatrix($("matrix-mix"), figureKey, mixMatrix, low, (i, j, v) => `${labels[i]} × ${labels[j]}: ${fmt(v)}`)) {
+  if (!patchMatrix($("matrix-mix"), figureKey, mixMatrix, low)) {
     $("matrix-mix").innerHTML = matrixFigure("mix", mixMatrix);
     $("matrix-mix").dataset.key = figureKey;
   }
-  const norms = mixVectors.map(V.norm);
-  const meanNorm = norms.reduce((a, b) => a + b, 0) / Math.max(norms.length, 1);
+  const meanNorm = queryNorms.reduce((a, b) => a + b, 0) / Math.max(queryNorms.length, 1);
   $("mix-norm").textContent = `Mixed vectors of “${state.word}”: mean L2 norm ${meanNorm.toFixed(3)}.`;
   lap("matrix");
-  drawTrails(occ.map((o) => state.fixed.pca.project(tokenVector("mix", o.s, o.t))));
+  const f = state.fixed;
+  drawTrails(occ.map((o, a) => V.projectMix(f.pca, f.points.map((layer) => layer[a]), coefs[o.s])));
   lap("trails");
-  const near = V.topK(rows, state.fixed.places, NEAREST_K).map((list) =>
-    list.map((n) => ({ ...state.fixed.tokens[n.index], value: n.value })),
-  );
+  const near = nearestOf(rows);
   lap("nearest (computed)");
   drawNearest(near);
   lap("nearest (drawn)");
@@ -569,7 +585,26 @@ function drawTrails(mixPoints) {
   });
   const title = `Trails of the occurrences of “${state.word}” from layer 0 through the layers to the mix, on one PCA of all layers' vectors`;
   const rows = occ.map((o, i) => [occLabel(o), ...stages.map((stage) => `${fmt(stage[i][0])}, ${fmt(stage[i][1])}`)]);
-  $("trails").innerHTML = `<svg role="img" id="trails-svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${parts.join("")}</svg>${tableHtml("trails", title, ["occurrence", ...names], rows)}`;
+  morph($("trails"), `<svg role="img" id="trails-svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${parts.join("")}</svg>${tableHtml("trails", title, ["occurrence", ...names], rows)}`);
+}
+
+// A slider moved: only the mix's column changes, and each of its cells keeps its NEAREST_K entries: their texts
+// are set in place (token, sentence, cosine), no element added.
+function patchNearest(box, mixNearest) {
+  const rows = box.querySelectorAll("tr.occurrence");
+  if (rows.length !== mixNearest.length) return false;
+  for (let i = 0; i < rows.length; i++) {
+    const spans = rows[i].lastElementChild.children;
+    if (spans.length !== mixNearest[i].length) return false;
+    mixNearest[i].forEach((n, k) => {
+      const span = spans[k];
+      span.className = n.token === state.word ? "nb same" : "nb";
+      span.firstChild.data = n.token;
+      span.children[0].textContent = String(n.s + 1);
+      span.lastChild.data = ` ${fmt(n.value)}`;
+    });
+  }
+  return true;
 }
 
 function drawNearest(mixNearest) {
@@ -578,13 +613,7 @@ function drawNearest(mixNearest) {
   const cell = (list) => list.map((n) => `<span class="nb${n.token === state.word ? " same" : ""}">${esc(n.token)}<sub>${n.s + 1}</sub> ${fmt(n.value)}</span>`).join(" ");
   const box = $("nearest");
   const key = `${state.drawn}|${state.word}`;
-  if (box.dataset.key === key) {
-    // a slider moved: only the mix's column changes
-    box.querySelectorAll("tr.occurrence").forEach((row, i) => {
-      row.lastElementChild.innerHTML = cell(mixNearest[i]);
-    });
-    return;
-  }
+  if (box.dataset.key === key && patchNearest(box, mixNearest)) return;
   box.dataset.key = key;
   const head = `<tr><th scope="col">occurrence</th>${views.map((v) => `<th scope="col">${viewName(v)}</th>`).join("")}</tr>`;
   const body = state.occurrences
@@ -593,7 +622,7 @@ function drawNearest(mixNearest) {
       return `<tr class="occurrence"><th scope="row">${esc(occLabel(o))}</th>${cells.join("")}</tr>`;
     })
     .join("");
-  $("nearest").innerHTML = `<table class="nearest"><caption>The ${NEAREST_K} nearest tokens (cosine; subscript: sentence) of each occurrence, among all tokens typed</caption>${head}${body}</table>`;
+  box.innerHTML = `<table class="nearest"><caption>The ${NEAREST_K} nearest tokens (cosine; subscript: sentence) of each occurrence, among all tokens typed</caption>${head}${body}</table>`;
 }
 
 function drawSeparation(matrices) {
@@ -602,7 +631,7 @@ function drawSeparation(matrices) {
   const values = matrices.map((m) => V.separation(m, groups));
   const box = $("separation");
   if (values.some((v) => v === null)) {
-    box.innerHTML = `<p>Mark sentences A and B (the select beside each; the examples come marked) with at least two occurrences in one group and one in the other: the figure shows how far the senses come apart.</p>`;
+    morph(box, `<p>Mark sentences A and B (the select beside each; the examples come marked) with at least two occurrences in one group and one in the other: the figure shows how far the senses come apart.</p>`);
     return;
   }
   const W = 360;
@@ -617,7 +646,7 @@ function drawSeparation(matrices) {
   });
   const title = `Sense separation of “${state.word}”: mean cosine within groups A and B minus mean cosine between them`;
   const rows = values.map((v, k) => [viewName(views[k]), fmt(v.within), fmt(v.between), fmt(v.value)]);
-  box.innerHTML = `<svg role="img" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title><line x1="28" x2="${W}" y1="${zero}" y2="${zero}" stroke="#888"/>${bars.join("")}</svg>${tableHtml("separation", title, ["view", "within", "between", "separation"], rows)}`;
+  morph(box, `<svg role="img" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title><line x1="28" x2="${W}" y1="${zero}" y2="${zero}" stroke="#888"/>${bars.join("")}</svg>${tableHtml("separation", title, ["view", "within", "between", "separation"], rows)}`);
 }
 
 function drawHeatmap() {
@@ -631,7 +660,7 @@ function drawHeatmap() {
   const matrix = V.crossCosines(rowsV, colsV);
   const from = 0; // one scale for every view and pair: the words of two sentences are mostly far apart
   const heatKey = `${state.drawn}|${a}|${b}|${view}`;
-  if (patchMatrix($("heatmap"), heatKey, matrix, from, (i, j, v) => `${sa.tokens[i]} (${a + 1}) × ${sb.tokens[j]} (${b + 1}): ${fmt(v)}`)) return;
+  if (patchMatrix($("heatmap"), heatKey, matrix, from)) return;
   const cell = Math.max(8, Math.min(22, Math.floor(360 / Math.max(sa.tokens.length, sb.tokens.length))));
   const left = 90;
   const topPad = 90;
@@ -692,7 +721,16 @@ async function copyText(id, button) {
 
 // ---- start
 
+// A patched cell's <title> ends in the number it was drawn with: the one it holds now, when it is pointed at.
+function retitle(event) {
+  const cell = event.target;
+  if (cell.tagName !== "rect" || cell.dataset.v === undefined || !cell.firstElementChild) return;
+  const title = cell.firstElementChild;
+  title.textContent = title.textContent.replace(/: [^:]*$/, `: ${fmt(Number(cell.dataset.v))}`);
+}
+
 function wire() {
+  document.addEventListener("pointerover", retitle);
   document.addEventListener("toggle", toggled, true); // toggle does not bubble: caught on its way down
   const key = $("key");
   key.value = sessionStorage.getItem(KEY_STORE) || "";

@@ -102,17 +102,6 @@ export function cosine(a, b, na = norm(a), nb = norm(b)) {
   return d > 0 ? dot(a, b) / d : 0;
 }
 
-// Occurrences x occurrences: a symmetric matrix of cosines (rows of Float64Array).
-export function cosineMatrix(vectors) {
-  const norms = vectors.map(norm);
-  const m = vectors.map(() => new Float64Array(vectors.length));
-  for (let i = 0; i < vectors.length; i++) {
-    m[i][i] = norms[i] > 0 ? 1 : 0;
-    for (let j = 0; j < i; j++) m[i][j] = m[j][i] = cosine(vectors[i], vectors[j], norms[i], norms[j]);
-  }
-  return m;
-}
-
 // Rows of `a` against rows of `b`: a.length x b.length cosines.
 export function crossCosines(a, b) {
   const nb = b.map(norm);
@@ -122,61 +111,63 @@ export function crossCosines(a, b) {
   });
 }
 
-// For each query, the k nearest of the candidates by cosine, leaving out the query's own position.
-// candidates: [{vector, norm, ...}], queries: [{vector, skip}] where skip is the candidate index of itself.
-export function nearest(queries, candidates, k) {
-  return queries.map((q) => {
-    const nq = norm(q.vector);
-    const best = [];
-    for (let c = 0; c < candidates.length; c++) {
-      if (c === q.skip) continue;
-      const cand = candidates[c];
-      const value = cosine(q.vector, cand.vector, nq, cand.norm);
-      if (best.length < k || value > best[best.length - 1].value) {
-        best.push({ index: c, value });
-        best.sort((x, y) => y.value - x.value);
-        if (best.length > k) best.pop();
-      }
-    }
-    return best;
-  });
-}
-
-// The first two principal axes of `rows` (power iteration with deflation, from a fixed start so that the same
-// input always gives the same picture), and the mean they are centred on.
+// The first two principal axes of `rows` and the mean they are centred on. Power iteration on the rows' centred
+// Gram matrix (rows x rows: 120 x 120 for 40 occurrences in 3 layers) rather than on the dim x dim covariance: the
+// same axes (axis = X^T u / |X^T u|), at the cost of one pass over the vectors. A fixed start and a sign rule make
+// the same input always give the same picture.
 export function pca2(rows) {
   const dim = rows[0].length;
+  const m = rows.length;
   const mean = new Float64Array(dim);
-  for (const r of rows) for (let i = 0; i < dim; i++) mean[i] += r[i] / rows.length;
+  for (const r of rows) for (let i = 0; i < dim; i++) mean[i] += r[i] / m;
   const centred = rows.map((r) => Float64Array.from(r, (x, i) => x - mean[i]));
+  const K = centred.map(() => new Float64Array(m));
+  for (let i = 0; i < m; i++) for (let j = 0; j <= i; j++) K[i][j] = K[j][i] = dot(centred[i], centred[j]);
+  const found = [];
   const axes = [];
   for (let a = 0; a < 2; a++) {
-    let v = Float64Array.from({ length: dim }, (_, i) => Math.sin(i + 1 + a));
-    for (let iter = 0; iter < 200; iter++) {
-      const next = new Float64Array(dim);
-      for (const r of centred) {
-        const p = dot(r, v);
-        for (let i = 0; i < dim; i++) next[i] += p * r[i];
-      }
-      for (const u of axes) {
-        const p = dot(next, u);
-        for (let i = 0; i < dim; i++) next[i] -= p * u[i];
+    let u = Float64Array.from({ length: m }, (_, i) => Math.sin(i + 1 + a));
+    for (let iter = 0; iter < 500; iter++) {
+      let next = Float64Array.from(K, (row) => dot(row, u));
+      for (const f of found) {
+        const p = dot(next, f);
+        next = next.map((x, i) => x - p * f[i]);
       }
       const len = norm(next);
-      if (len === 0) break; // fewer than a + 1 distinct directions: this axis stays a fixed unit vector
-      const change = 1 - Math.abs(dot(next, v) / (len * norm(v)));
-      v = next.map((x) => x / len);
-      if (change < 1e-12) break;
+      if (len === 0) break; // fewer than a + 1 directions: this axis stays what it is
+      const change = 1 - Math.abs(dot(next, u) / (len * norm(u)));
+      u = next.map((x) => x / len);
+      if (change < 1e-14) break;
     }
-    const len = norm(v);
-    v = v.map((x) => x / len);
-    // a sign by rule (the largest entry positive): power iteration alone may flip it between runs
+    found.push(u);
+    const axis = new Float64Array(dim);
+    centred.forEach((r, i) => {
+      for (let k = 0; k < dim; k++) axis[k] += u[i] * r[k];
+    });
+    const len = norm(axis) || 1;
     let big = 0;
-    for (let i = 1; i < dim; i++) if (Math.abs(v[i]) > Math.abs(v[big])) big = i;
-    if (v[big] < 0) v = v.map((x) => -x);
-    axes.push(v);
+    for (let i = 1; i < dim; i++) if (Math.abs(axis[i]) > Math.abs(axis[big])) big = i;
+    const sign = axis[big] < 0 ? -1 : 1;
+    axes.push(axis.map((x) => (sign * x) / len));
   }
-  return { mean, axes, project: (r) => axes.map((u) => dot(u, r) - dot(u, mean)) };
+  const atMean = axes.map((u) => dot(u, mean));
+  return {
+    mean,
+    axes,
+    atMean,
+    sums: axes.map((u) => u.reduce((x, y) => x + y, 0)),
+    project: (r) => axes.map((u, k) => dot(u, r) - atMean[k]),
+  };
+}
+
+// A mix's point on the layers' PCA without the mix: projection is linear, so it is sum_j c_j P_j + b * sum(axis)
+// - axis . mean, with P_j the layer's point plus axis . mean (points[j]: the layers' projected points).
+export function projectMix(pca, layerPoints, c) {
+  return pca.axes.map((_, k) => {
+    let s = c.shift * pca.sums[k] - pca.atMean[k];
+    for (let j = 0; j < c.coef.length; j++) s += c.coef[j] * (layerPoints[j][k] + pca.atMean[k]);
+    return s;
+  });
 }
 
 // Mean cosine within groups (A with A, B with B) minus mean cosine between A and B; null without pairs of both.
@@ -253,17 +244,31 @@ function mixDot(g, cx, cy, sx, sy, L, dim) {
 
 // The cosines of the queries' mixes with every token's mix: queries x tokens. coefOf(x): the mixCoefficients of
 // x's sentence.
+// Also the queries' mixed vectors' norms.
 export function mixCosines(gram, queries, tokens, coefOf, dim) {
   const { L } = gram;
   const tokenCoef = tokens.map(coefOf);
   const tokenNorm = tokens.map((x, i) => Math.sqrt(Math.max(0, mixDot(gram.tokenOwn[i], tokenCoef[i], tokenCoef[i], gram.tokenSums[i], gram.tokenSums[i], L, dim))));
-  return queries.map((q, a) => {
+  const queryNorms = [];
+  const rows = queries.map((q, a) => {
     const cq = coefOf(q);
     const nq = Math.sqrt(Math.max(0, mixDot(gram.queryOwn[a], cq, cq, gram.querySums[a], gram.querySums[a], L, dim)));
+    queryNorms.push(nq);
     return Float64Array.from(tokens, (x, i) => {
       const d = nq * tokenNorm[i];
       return d > 0 ? mixDot(gram.pairs[a][i], cq, tokenCoef[i], gram.querySums[a], gram.tokenSums[i], L, dim) / d : 0;
     });
+  });
+  return { rows, queryNorms };
+}
+
+// One layer's cosines, queries x tokens, from the same dot products (the diagonal blocks).
+export function layerCosines(gram, layer) {
+  const jj = layer * gram.L + layer;
+  const tokenNorm = gram.tokenOwn.map((g) => Math.sqrt(g[jj]));
+  return gram.pairs.map((row, a) => {
+    const nq = Math.sqrt(gram.queryOwn[a][jj]);
+    return Float64Array.from(row, (g, i) => (nq * tokenNorm[i] > 0 ? g[jj] / (nq * tokenNorm[i]) : 0));
   });
 }
 
