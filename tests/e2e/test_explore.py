@@ -85,8 +85,8 @@ class Page:
         return self.page.evaluate(expression)
 
     def matrix(self, view: str) -> np.ndarray:
-        values = self.value(f"""[...document.querySelectorAll('svg.matrix[data-view="{view}"] rect')]
-                                .map((r) => Number(r.dataset.v))""")
+        values = self.value(f"""document.querySelector('svg.matrix[data-view="{view}"]').dataset.values
+                                .split(",").map(Number)""")
         n = round(len(values) ** 0.5)
         return np.asarray(values).reshape(n, n)
 
@@ -127,6 +127,11 @@ def test_layer_0_matrix_is_all_ones_and_the_senses_come_apart_above_it(tab):
     layer0 = tab.matrix("0")
     assert layer0.shape == (8, 8) and np.abs(layer0 - 1).max() <= 1e-5
     assert "1.000" in tab.value("document.querySelector('svg.matrix[data-view=\"0\"]').closest('figure').innerText")
+    # its numbers one click away: the table, written when opened
+    tab.page.click('figure:has(svg.matrix[data-view="0"]) details summary')
+    cells = tab.value("""[...document.querySelectorAll('figure:has(svg.matrix[data-view="0"]) table td')]
+                         .map((c) => c.textContent)""")
+    assert cells == ["1.000"] * 64
     upper = tab.matrix("2")
     assert upper.min() < 0.99  # context moved the occurrences apart
     # A/B from the example: layer 0 separates nothing; the biLSTM layers do

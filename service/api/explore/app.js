@@ -162,7 +162,9 @@ async function embed() {
   try {
     const model = $("model").value || undefined;
     const answer = await call("embed", { model, sentences: texts, output: "layers", encoding: "base64" });
+    const answered = performance.now();
     const sentences = answer.data.map(V.sentenceOf);
+    const decoded = performance.now();
     state.drawn = (state.drawn || 0) + 1;
     state.data = { model: answer.model, numLayers: answer.num_layers, dim: answer.dim, sentences, texts };
     if (state.groups.length !== texts.length) state.groups = texts.map((_, i) => state.groups[i] || "");
@@ -176,6 +178,7 @@ async function embed() {
     if (!tokens.includes(state.word)) state.word = guessWord(sentences);
     remix();
     pickWord(state.word);
+    timings.embedParts = { answer: answered - started, decode: decoded - answered, views: performance.now() - decoded };
     timings.embedToRender = performance.now() - started;
     $("status").textContent = `${sentences.length} sentences, ${answer.usage.tokens} tokens, dim ${answer.dim}: drawn in ${Math.round(timings.embedToRender)} ms.`;
   } catch (error) {
@@ -420,10 +423,10 @@ function matrixSvg(matrix, rowLabels, colLabels, title, view) {
   for (let i = 0; i < n; i++) {
     for (let j = 0; j < m; j++) {
       const v = matrix[i][j];
-      parts.push(`<rect x="${j * cell}" y="${i * cell}" width="${cell}" height="${cell}" fill="${cellColour(v)}" data-v="${v.toFixed(6)}"><title>${esc(rowLabels[i])} × ${esc(colLabels[j])}: ${fmt(v)}</title></rect>`);
+      parts.push(`<rect x="${j * cell}" y="${i * cell}" width="${cell}" height="${cell}" fill="${cellColour(v)}" data-k="${i * m + j}"><title>${esc(rowLabels[i])} × ${esc(colLabels[j])}: ${fmt(v)}</title></rect>`);
     }
   }
-  return `<svg role="img" class="matrix" data-view="${view}" width="${m * cell}" height="${n * cell}" viewBox="0 0 ${m * cell} ${n * cell}"><title>${esc(title)}</title>${parts.join("")}</svg>`;
+  return `<svg role="img" class="matrix" data-view="${view}" data-values="${valuesOf(matrix)}" width="${m * cell}" height="${n * cell}" viewBox="0 0 ${m * cell} ${n * cell}"><title>${esc(title)}</title>${parts.join("")}</svg>`;
 }
 
 // A chart's numbers, one click away: the table is written when its <details> opens (and again at each redraw
@@ -438,7 +441,9 @@ function tableHtml(id, caption, header, rows) {
 }
 
 function tableBody(id) {
-  const { caption, header, rows } = tables.get(id);
+  const { caption, header } = tables.get(id);
+  let { rows } = tables.get(id);
+  if (typeof rows === "function") rows = rows(); // formatted when shown, not at every slider move
   const head = `<tr>${header.map((h) => `<th scope="col">${esc(h)}</th>`).join("")}</tr>`;
   const body = rows.map((r) => `<tr><th scope="row">${esc(r[0])}</th>${r.slice(1).map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("");
   return `<table><caption>${esc(caption)}</caption>${head}${body}</table>`;
@@ -487,25 +492,31 @@ function sameInto(live, model) {
 // (what costs a slider move most is laying out new ones). False when the cells are not the same ones.
 function patchMatrix(box, key, matrix, from) {
   if (box.dataset.key !== key) return false;
-  const rects = box.querySelectorAll("svg rect");
+  const svg = box.querySelector("svg");
+  const rects = svg.querySelectorAll("rect");
   const m = matrix[0]?.length || 0;
   if (rects.length !== matrix.length * m) return false;
+  // the numbers once, on the chart (a cell's <title> reads its own when pointed at: retitle); a cell's colour only
+  // where it changed (lightness in 1% steps: a small slider step repaints a few cells, not all)
+  svg.dataset.values = valuesOf(matrix);
+  const fills = (box.fills ??= Array.from(rects, (r) => r.getAttribute("fill")));
   for (let i = 0; i < matrix.length; i++) {
     for (let j = 0; j < m; j++) {
-      const rect = rects[i * m + j];
-      const v = matrix[i][j];
-      rect.setAttribute("fill", cellColour(v, from));
-      rect.dataset.v = v.toFixed(6); // its <title>'s number is brought up to date when it is pointed at (retitle)
+      const fill = cellColour(matrix[i][j], from);
+      if (fills[i * m + j] !== fill) rects[i * m + j].setAttribute("fill", (fills[i * m + j] = fill));
     }
   }
   const details = box.querySelector("details");
   const id = details?.dataset.table;
   if (id) {
-    tables.get(id).rows = matrix.map((row, i) => [tables.get(id).rows[i][0], ...Array.from(row, fmt)]);
+    const labels = tables.get(id).labels;
+    tables.get(id).rows = () => matrix.map((row, i) => [labels[i], ...Array.from(row, fmt)]);
     if (details.open) details.querySelector("table").outerHTML = tableBody(id);
   }
   return true;
 }
+
+const valuesOf = (matrix) => matrix.map((row) => Array.from(row, (v) => v.toFixed(6)).join(",")).join(",");
 
 function matrixFigure(view, matrix) {
   const labels = state.occurrences.map(occLabel);
@@ -518,7 +529,8 @@ function matrixFigure(view, matrix) {
         : view === 1
           ? "Lower biLSTM layer: context enters (syntax, mostly)."
           : "Upper biLSTM layer: the sense of the word, mostly.";
-  const table = tableHtml(`matrix-${view}`, title, ["", ...labels], matrix.map((row, i) => [labels[i], ...Array.from(row, fmt)]));
+  const table = tableHtml(`matrix-${view}`, title, ["", ...labels], () => matrix.map((row, i) => [labels[i], ...Array.from(row, fmt)]));
+  tables.get(`matrix-${view}`).labels = labels;
   return `<figure><figcaption><strong>${esc(viewName(view))}</strong>. ${esc(caption)}</figcaption>${matrixSvg(matrix, labels, labels, title, view)}${table}</figure>`;
 }
 
@@ -538,6 +550,7 @@ function drawMixViews() {
   const figureKey = `${state.drawn}|${state.word}|${labels.length}|${low}`;
   if (!patchMatrix($("matrix-mix"), figureKey, mixMatrix, low)) {
     $("matrix-mix").innerHTML = matrixFigure("mix", mixMatrix);
+    $("matrix-mix").fills = null;
     $("matrix-mix").dataset.key = figureKey;
   }
   const meanNorm = queryNorms.reduce((a, b) => a + b, 0) / Math.max(queryNorms.length, 1);
@@ -568,24 +581,47 @@ function drawTrails(mixPoints) {
   const W = 420;
   const H = 320;
   const pad = 24;
-  const sx = (x) => pad + ((x - x0) / (x1 - x0 || 1)) * (W - 2 * pad);
-  const sy = (y) => H - pad - ((y - y0) / (y1 - y0 || 1)) * (H - 2 * pad);
+  const sx = (x) => (pad + ((x - x0) / (x1 - x0 || 1)) * (W - 2 * pad)).toFixed(1);
+  const sy = (y) => (H - pad - ((y - y0) / (y1 - y0 || 1)) * (H - 2 * pad)).toFixed(1);
   const names = [...Array(state.data.numLayers).keys()].map((l) => `layer ${l}`).concat("mix");
+  const title = `Trails of the occurrences of “${state.word}” from layer 0 through the layers to the mix, on one PCA of all layers' vectors`;
+  const rows = occ.map((o, i) => [occLabel(o), ...stages.map((stage) => `${fmt(stage[i][0])}, ${fmt(stage[i][1])}`)]);
+  const box = $("trails");
+  const key = `${state.drawn}|${state.word}|${occ.map(colourOf).join()}`;
+  if (box.dataset.key === key) {
+    // a slider moved: the same trails, at new places (the axes follow the mix's points)
+    const svg = box.querySelector("svg");
+    occ.forEach((o, i) => {
+      const pts = stages.map((stage) => stage[i]);
+      const [line, ...rest] = svg.querySelectorAll(`[data-o="${i}"]`);
+      line.setAttribute("points", pts.map((p) => `${sx(p[0])},${sy(p[1])}`).join(" "));
+      pts.forEach((p, k) => {
+        rest[k].setAttribute("cx", sx(p[0]));
+        rest[k].setAttribute("cy", sy(p[1]));
+      });
+      const end = pts[pts.length - 1];
+      rest[pts.length].setAttribute("x", (Number(sx(end[0])) + 7).toFixed(1));
+      rest[pts.length].setAttribute("y", (Number(sy(end[1])) + 4).toFixed(1));
+    });
+    tables.get("trails").rows = rows;
+    const details = box.querySelector("details");
+    if (details.open) details.querySelector("table").outerHTML = tableBody("trails");
+    return;
+  }
+  box.dataset.key = key;
   const parts = [];
   occ.forEach((o, i) => {
     const colour = colourOf(o);
     const pts = stages.map((stage) => stage[i]);
-    parts.push(`<polyline fill="none" stroke="${colour}" stroke-width="1.5" stroke-opacity="0.7" points="${pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ")}"/>`);
+    parts.push(`<polyline data-o="${i}" fill="none" stroke="${colour}" stroke-width="1.5" stroke-opacity="0.7" points="${pts.map((p) => `${sx(p[0])},${sy(p[1])}`).join(" ")}"/>`);
     pts.forEach((p, k) => {
       const last = k === pts.length - 1;
-      parts.push(`<circle cx="${sx(p[0]).toFixed(1)}" cy="${sy(p[1]).toFixed(1)}" r="${last ? 5 : 3}" fill="${last ? colour : "#fff"}" stroke="${colour}" stroke-width="1.5"><title>${esc(occLabel(o))}, ${names[k]}: (${fmt(p[0])}, ${fmt(p[1])})</title></circle>`);
+      parts.push(`<circle data-o="${i}" cx="${sx(p[0])}" cy="${sy(p[1])}" r="${last ? 5 : 3}" fill="${last ? colour : "#fff"}" stroke="${colour}" stroke-width="1.5"><title>${esc(occLabel(o))}, ${names[k]}</title></circle>`);
     });
     const end = pts[pts.length - 1];
-    parts.push(`<text x="${(sx(end[0]) + 7).toFixed(1)}" y="${(sy(end[1]) + 4).toFixed(1)}" fill="${colour}">${o.s + 1}</text>`);
+    parts.push(`<text data-o="${i}" x="${(Number(sx(end[0])) + 7).toFixed(1)}" y="${(Number(sy(end[1])) + 4).toFixed(1)}" fill="${colour}">${o.s + 1}</text>`);
   });
-  const title = `Trails of the occurrences of “${state.word}” from layer 0 through the layers to the mix, on one PCA of all layers' vectors`;
-  const rows = occ.map((o, i) => [occLabel(o), ...stages.map((stage) => `${fmt(stage[i][0])}, ${fmt(stage[i][1])}`)]);
-  morph($("trails"), `<svg role="img" id="trails-svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${parts.join("")}</svg>${tableHtml("trails", title, ["occurrence", ...names], rows)}`);
+  box.innerHTML = `<svg role="img" id="trails-svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${parts.join("")}</svg>${tableHtml("trails", title, ["occurrence", ...names], rows)}`;
 }
 
 // A slider moved: only the mix's column changes, and each of its cells keeps its NEAREST_K entries: their texts
@@ -666,7 +702,7 @@ function drawHeatmap() {
   const topPad = 90;
   const cells = [];
   matrix.forEach((row, i) =>
-    row.forEach((v, j) => cells.push(`<rect x="${left + j * cell}" y="${topPad + i * cell}" width="${cell}" height="${cell}" fill="${cellColour(v, from)}" data-v="${v.toFixed(6)}"><title>${esc(sa.tokens[i])} (${a + 1}) × ${esc(sb.tokens[j])} (${b + 1}): ${fmt(v)}</title></rect>`)),
+    row.forEach((v, j) => cells.push(`<rect x="${left + j * cell}" y="${topPad + i * cell}" width="${cell}" height="${cell}" fill="${cellColour(v, from)}" data-k="${i * row.length + j}"><title>${esc(sa.tokens[i])} (${a + 1}) × ${esc(sb.tokens[j])} (${b + 1}): ${fmt(v)}</title></rect>`)),
   );
   const rowText = sa.tokens.map((t, i) => `<text x="${left - 4}" y="${topPad + i * cell + cell * 0.7}" text-anchor="end">${esc(t)}</text>`);
   const colText = sb.tokens.map((t, j) => `<text transform="translate(${left + j * cell + cell * 0.7},${topPad - 4}) rotate(-60)">${esc(t)}</text>`);
@@ -675,7 +711,9 @@ function drawHeatmap() {
   const title = `Token × token cosines of sentences ${a + 1} and ${b + 1}, ${viewName(view)} (white at ${fmt(from)} or below, deep blue at 1.000)`;
   const rows = matrix.map((row, i) => [sa.tokens[i], ...Array.from(row, fmt)]);
   $("heatmap").dataset.key = heatKey;
-  $("heatmap").innerHTML = `<svg role="img" class="heatmap" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${rowText.join("")}${colText.join("")}${cells.join("")}</svg>${tableHtml("heatmap", title, ["", ...sb.tokens], rows)}`;
+  $("heatmap").fills = null;
+  $("heatmap").innerHTML = `<svg role="img" class="heatmap" data-values="${valuesOf(matrix)}" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${rowText.join("")}${colText.join("")}${cells.join("")}</svg>${tableHtml("heatmap", title, ["", ...sb.tokens], rows)}`;
+  tables.get("heatmap").labels = sa.tokens;
 }
 
 // ---- copy as curl / Python: the request that gives the mix on screen
@@ -724,9 +762,11 @@ async function copyText(id, button) {
 // A patched cell's <title> ends in the number it was drawn with: the one it holds now, when it is pointed at.
 function retitle(event) {
   const cell = event.target;
-  if (cell.tagName !== "rect" || cell.dataset.v === undefined || !cell.firstElementChild) return;
+  const values = cell.parentNode?.dataset?.values;
+  if (cell.tagName !== "rect" || cell.dataset.k === undefined || !values || !cell.firstElementChild) return;
+  const value = Number(values.split(",")[Number(cell.dataset.k)]);
   const title = cell.firstElementChild;
-  title.textContent = title.textContent.replace(/: [^:]*$/, `: ${fmt(Number(cell.dataset.v))}`);
+  title.textContent = title.textContent.replace(/: [^:]*$/, `: ${fmt(value)}`);
 }
 
 function wire() {
