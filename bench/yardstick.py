@@ -1,7 +1,7 @@
 """The machine's own limit, measured in the same run as a benchmark: ONNX Runtime's GEMM at the LSTM step's shape.
 
     .venv/bin/python -m bench.yardstick [--threads 2] [--seconds 1] [--options FILE]
-        [--embed fp32,int8] [--models DIR,DIR] [--sentences 360]
+        [--embed fp32,int8] [--models DIR,DIR] [--sentences 360] [--profile 60]
 
 A host's speed changes from day to day (and, on a shared VM, from minute to minute), so a benchmark's tokens/s says
 little alone. The yardstick is the fastest thing the model's own runtime can do with the model's own largest
@@ -16,6 +16,8 @@ token repeats and every token costs its full FLOPs; the engines' token cache off
 4096 padded tokens, as elmo-embed cuts a file, with the engine of each precision and each of `--models` (exported
 folders, default: the full-size architecture with random weights) batch by batch in turn, and prints each as
 tokens/s and as the fraction of its precision's ceiling: the bulk figure of docs/performance.md, start-up excluded.
+With `--profile N`, each of those engines first embeds N such sentences under ONNX Runtime's profiler, and the
+share of node time each node type took is printed (the profile of docs/performance.md).
 """
 
 from __future__ import annotations
@@ -292,6 +294,7 @@ def main() -> None:
     parser.add_argument("--models", default="", help="exported folders, compared in turn (default: full size)")
     parser.add_argument("--sentences", type=int, default=360)
     parser.add_argument("--rounds", type=int, default=1, help="passes over the sentences")
+    parser.add_argument("--profile", type=int, default=0, help="profile each engine on N sentences first")
     args = parser.parse_args()
 
     opt = load_options(args.options)
@@ -302,6 +305,12 @@ def main() -> None:
     from service.engine.session import Engine
 
     models = [Path(m) for m in args.models.split(",") if m] or [full_size_model() / "onnx"]
+    if args.profile:
+        profiled = bulk_batches(made_up_sentences(args.profile, seed=1))
+        for model in models:
+            for precision in args.embed.split(","):
+                by_type = profile(model, precision, args.threads, profiled)
+                print("\n".join(profile_lines(f"{model} {precision}", by_type, top=12)), flush=True)
     engines = {
         f"{model} {precision}": Engine(model, "cpu", args.threads, 1, token_cache=0, precision=precision)
         for model in models
