@@ -146,7 +146,7 @@ def main() -> None:
     if args.made_up:
         lines = made_up_sentences(args.made_up)
     tokens = sum(map(len, lines))
-    text = BUILD / f"bulk{args.lines}.txt"
+    text = BUILD / (f"bulk-made-up{args.made_up}.txt" if args.made_up else f"bulk{args.lines}.txt")
     text.write_text("".join(" ".join(s) + "\n" for s in lines), encoding="utf-8")
     theirs_out = BUILD / "bulk-allennlp.hdf5"
     print(f"input: {text.relative_to(ROOT)}: {len(lines)} lines, {tokens} tokens; model: {folder.relative_to(ROOT)}")
