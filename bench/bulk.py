@@ -1,20 +1,24 @@
 """Bulk embedding, whole process: `elmo-embed` vs allennlp 2.10.1's ELMo (batches of 64) on the same file and weights.
 
     .venv/bin/python -m bench.bulk [--repeat 3] [--lines 600] [--batch-tokens 4096] [--threads 2]
-        [--precision fp32,int8] [--busy-cores 0] [--allennlp-python /work/allennlp-venv/bin/python]
+        [--precision fp32,int8] [--busy-cores 0] [--allennlp-python /work/allennlp-venv/bin/python] [--made-up 360]
 
-Writes the fixture sentences repeated to --lines lines under build/bench/, then times each tool's whole process
-(wall clock around the subprocess: start-up, imports, model load, embedding, hdf5 output) and its peak resident
-memory, --repeat rounds in which every tool runs once in turn (elmo-embed in each --precision, then allennlp), so
-that a noisy machine's slow spells fall on all of them alike. Before each run it waits until other processes leave
-the cores idle, and it runs again a run that they disturbed; `--busy-cores N` tolerates N cores kept busy by others
-throughout (a training job on one core: 1), and says so in the output.
+Writes the fixture sentences repeated to --lines lines under build/bench/ (or, with --made-up N, N sentences of
+distinct made-up words: no word repeats, so no token cache saves any of a token's FLOPs), then times each tool's
+whole process (wall clock around the subprocess: start-up, imports, model load, embedding, hdf5 output) and its peak
+resident memory, --repeat rounds in which every tool runs once in turn (elmo-embed in each --precision, then
+allennlp), so that a noisy machine's slow spells fall on all of them alike. Before each run it waits until other
+processes leave the cores idle, and it runs again a run that they disturbed; `--busy-cores N` tolerates N cores
+kept busy by others throughout (a training job on one core: 1), and says so in the output.
 
 Prints allennlp's own JSON figures, the max abs error between elmo-embed (fp32) and allennlp on the first sentence
 (allennlp is stateful, so only its first batch starts from the zero state that elmo-embed always uses), each
 reduced precision's error against fp32 over the whole output (max abs, min cosine per token vector of each layer),
 a table of wall s (best / median), tokens/s (best) and peak memory per tool, the speed-ups over allennlp and over
-fp32 (best runs, and medians of the same rounds), and whether the 3x acceptance bar over allennlp holds.
+fp32 (best runs, and medians of the same rounds), and whether the 3x acceptance bar over allennlp holds. Around
+the rounds, the yardstick (bench/yardstick.py: ONNX Runtime's GEMM at the LSTM step's shape, fp32 and int8, the
+CPU's flags), and each tool's embedding-phase tokens/s (start-up excluded: elmo-embed's own figure, allennlp's
+`tokens_per_s`; best of the rounds) as the fraction of its precision's ceiling (allennlp's against fp32's).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -33,6 +38,8 @@ import h5py
 import numpy as np
 
 from bench.common import BUILD, ROOT, fixture_sentences, full_size_model
+from bench.yardstick import Yardstick, made_up_sentences
+from model_export.options import load_options
 from service.engine.canary import cosine_min
 
 BAR = 3.0
@@ -58,7 +65,7 @@ def wait_quiet(busy_cores: float = 0.0, patience_s: float = 900.0) -> None:
 
 
 def run_once(command: list[str]) -> tuple[float, float, float, str]:
-    """(wall s, CPU s of the process, peak resident MB, stdout) of one run of the command."""
+    """(wall s, CPU s of the process, peak resident MB, stdout and stderr) of one run of the command."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err)
@@ -68,23 +75,24 @@ def run_once(command: list[str]) -> tuple[float, float, float, str]:
         out.seek(0), err.seek(0)
         if proc.returncode:
             sys.exit(f"failed ({proc.returncode}): {' '.join(command)}\n{err.read().decode()[-2000:]}")
-        return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read().decode()
+        return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read().decode() + err.read().decode()
 
 
 def alternate(commands: dict[str, list[str]], repeat: int, busy_cores: float) -> tuple[dict, dict]:
     """`repeat` rounds, each running every command once in turn; a run during which other processes took more than
     `busy_cores` + 0.05 CPU s per wall second is dropped and run again (5 tries). Returns each command's (wall s,
-    peak MB) per round, and its last stdout."""
-    runs, stdout = {name: [] for name in commands}, {}
+    peak MB) per round, and its output (stdout, then stderr) per round."""
+    runs, stdout = {name: [] for name in commands}, {name: [] for name in commands}
     for _ in range(repeat):
         for name, command in commands.items():
             for _ in range(5):
                 wait_quiet(busy_cores)
                 busy = busy_cpu_s()
-                wall, cpu, peak, stdout[name] = run_once(command)
+                wall, cpu, peak, output = run_once(command)
                 others = (busy_cpu_s() - busy) - cpu
                 if others <= (busy_cores + 0.05) * wall:
                     runs[name].append((wall, peak))
+                    stdout[name].append(output)
                     break
                 print(f"  {name}: run of {wall:.1f} s disturbed (others: {others:.1f} CPU s); again", file=sys.stderr)
             else:
@@ -101,6 +109,17 @@ def layer_errors(path: Path, reference: Path) -> tuple[float, list[float]]:
     return error, [cosine_min([x[k : k + 1] for x in got], [y[k : k + 1] for y in want]) for k in range(len(want[0]))]
 
 
+def embedding_rate(outputs: list[str]) -> float:
+    """The best embedding-phase tokens/s of a tool's runs, start-up excluded: elmo-embed's "(N tokens/s)" line, or
+    the `tokens_per_s` of allennlp_baseline.py's JSON line."""
+    rates = []
+    for output in outputs:
+        found = re.search(r"\((\d+) tokens/s\)", output) or re.search(r'"tokens_per_s": *([\d.]+)', output)
+        if found:
+            rates.append(float(found.group(1)))
+    return max(rates, default=float("nan"))
+
+
 def elmo_embed_command() -> list[str]:
     script = Path(sys.executable).with_name("elmo-embed")
     return [str(script)] if script.exists() else [sys.executable, "-m", "service.cli"]
@@ -115,13 +134,19 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", help="elmo-embed's precisions, in turn: fp32 or fp32,int8")
     parser.add_argument("--busy-cores", type=float, default=0.0, help="cores other processes keep busy throughout")
     parser.add_argument("--allennlp-python", type=Path, default=Path("/work/allennlp-venv/bin/python"))
+    parser.add_argument("--made-up", type=int, default=0, help="N sentences of distinct made-up words instead")
     args = parser.parse_args()
 
     folder = full_size_model()
+    opt = load_options(folder / "options.json")
+    yardstick = Yardstick(args.threads)
+    print("\n".join(yardstick.lines(opt)), flush=True)
     sentences = fixture_sentences()
     lines = (sentences * -(-args.lines // len(sentences)))[: args.lines]
+    if args.made_up:
+        lines = made_up_sentences(args.made_up)
     tokens = sum(map(len, lines))
-    text = BUILD / f"bulk{args.lines}.txt"
+    text = BUILD / (f"bulk-made-up{args.made_up}.txt" if args.made_up else f"bulk{args.lines}.txt")
     text.write_text("".join(" ".join(s) + "\n" for s in lines), encoding="utf-8")
     theirs_out = BUILD / "bulk-allennlp.hdf5"
     print(f"input: {text.relative_to(ROOT)}: {len(lines)} lines, {tokens} tokens; model: {folder.relative_to(ROOT)}")
@@ -161,7 +186,7 @@ def print_errors(
 ):
     """allennlp's own figures, and each output's error against elmo-embed fp32's."""
     if allennlp in runs:
-        report = json.loads(stdout[allennlp].strip().splitlines()[-1])
+        report = json.loads(stdout[allennlp][-1].strip().splitlines()[-1])
         print(
             f"allennlp's own figures (last run): process_s {report['process_s']}, load_s {report['load_s']}, "
             f"embed_s {report['embed_s']}, tokens_per_s {report['tokens_per_s']} (embedding only)"
@@ -188,6 +213,13 @@ def print_times(runs, allennlp: str, tokens: int):
         best, median, peak = min(times), statistics.median(times), max(mb for _, mb in each)
         print(f"{name:<40}{best:>9.2f}{median:>10.2f}{tokens / best:>10.0f}{peak:>9.0f}   "
               + " ".join(f"{t:.2f}" for t in times))  # fmt: skip
+
+    yardstick.finish()
+    print("\n".join(yardstick.lines(opt)))
+    for name, outputs in stdout.items():
+        precision = name.split()[1] if name != allennlp else "fp32"
+        tool = name.split(" (")[0]
+        print(yardstick.result(f"{tool} embedding phase (best)", precision, opt, embedding_rate(outputs)))
 
     def speedup(slow: str, fast: str) -> tuple[float, float]:
         slow_t, fast_t = [w for w, _ in runs[slow]], [w for w, _ in runs[fast]]

@@ -75,37 +75,6 @@ def _export_once(options: Path, weights: Path, out: Path, window: int | None) ->
     export_model(load_bilm(options, weights), out, sources, window=window)
 
 
-def gemm_rate(threads: int, n: int = 2048, k: int = 2048, m: int = 4096, repeats: int = 5) -> dict[str, float]:
-    """fp32 GEMM FLOP/s of this machine, from PyTorch's BLAS and from ONNX Runtime's MatMul; the faster of
-    the two is the yardstick of each path's share (on AMD CPUs MKL can fall well behind ONNX Runtime)."""
-    import onnxruntime as ort
-    import torch
-    from onnx import TensorProto, helper
-
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, k), torch.randn(k, m)
-
-    def rate(run) -> float:
-        run()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            run()
-        return 2 * n * k * m * repeats / (time.perf_counter() - start)
-
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "b"], ["c"])],
-        "gemm",
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, None) for x in "ab"],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {"a": a.numpy(), "b": b.numpy()}
-    return {"torch": rate(lambda: a @ b), "onnxruntime": rate(lambda: session.run(None, feeds))}
-
-
 def percentiles(values: list[float], qs=(50, 95, 99)) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(values, q)) for q in qs}
 

@@ -4,12 +4,14 @@
         [--precision fp32,int8]
 
 Prints tokens/s of each path at each batch size on the fixture sentences (for ONNX Runtime also with the
-batches cut from length-sorted sentences, as a bulk job cuts them), the machine's fp32 GEMM rate,
-and each path's share of it (2 x multiply-adds per token x tokens/s / GEMM FLOP/s). The share counts the
-model's nominal work; the engine skips some (the char-CNN of repeated and cached words), so the ONNX
-Runtime share can pass what GEMMs alone would allow. With several precisions (`--precision fp32,int8`), the
-engines run every batch in turn (fp32, then int8, on the same batch), so that a noisy machine slows them alike,
-and each reduced precision's speed is also given as a ratio to fp32's, and its error against fp32.
+batches cut from length-sorted sentences, as a bulk job cuts them), and each as the fraction of its precision's
+ceiling (bench/yardstick.py: ONNX Runtime's GEMM at the LSTM step's shape, fp32 and int8, measured at the start
+and the end of this run, with the CPU's flags; the torch path against fp32's). The fraction counts the model's
+nominal work; the engine skips some (the char-CNN of repeated and cached words, frequent in the fixture), so a
+fraction here can pass what the products alone would allow (bench.yardstick --embed measures without repeats).
+With several precisions (`--precision fp32,int8`), the engines run every batch in turn (fp32, then int8, on the same
+batch), so that a noisy machine slows them alike, and each reduced precision's speed is also given as a ratio to
+fp32's, and its error against fp32.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import time
 
 import torch
 
-from bench.common import FULL_OPTIONS, fixture_sentences, full_size_model, gemm_rate
+from bench.common import FULL_OPTIONS, fixture_sentences, full_size_model
+from bench.yardstick import Yardstick
 from model_export.export import torch_layers
 from model_export.options import load_options
 from model_export.weights import load_bilm
@@ -94,17 +97,16 @@ def main() -> None:
                 f"min cosine {cosine_min(got, fp32):.6f}; graph file {engine.graph.file.name} {size(engine):.0f} MB "
                 f"(fp32: {size(engines['fp32']):.0f} MB)"
             )
-    rates = gemm_rate(args.threads)
-    rate = max(rates.values())
-    macs = opt.macs_per_token()
-    measured = ", ".join(f"{name} {r / 1e9:.0f}" for name, r in rates.items())
-    print(f"machine: fp32 GEMM 2048x2048x4096, {args.threads} threads, GFLOP/s: {measured}; yardstick {rate / 1e9:.0f}")
-    print(f"model: {macs / 1e6:.1f} M multiply-adds per token")
+    cpu_yardstick = args.provider == "cpu"  # a GPU run measures against bench.gpu's yardstick
+    yardstick = Yardstick(args.threads) if cpu_yardstick else None
+    if yardstick:
+        print("\n".join(yardstick.lines(opt)), flush=True)
     tokens = sum(map(len, sentences))
     for precision, engine in engines.items():
         print(f"{precision}: provider {engine.provider}, {engine.graph.kind} graph {engine.graph.file.name}")
     print(f"{len(sentences)} sentences, {tokens} tokens; several paths in one row ran every batch in turn")
-    print(f"{'path':<22}{'batch':>6}{'tokens/s':>11}{'GEMM share':>12}{'x fp32':>8}")
+    print(f"{'path':<22}{'batch':>6}{'tokens/s':>11}{'of ceiling':>12}{'x fp32':>8}")
+    rows = []
     for batch in map(int, args.batches.split(",")):
         data = sentences * max(1, -(-batch // len(sentences)))  # at least one full batch
         runs = {f"onnxruntime {p}": e.run for p, e in engines.items()}
@@ -121,7 +123,16 @@ def main() -> None:
             base = next((tps for name, tps in measured.items() if name.endswith(" fp32")), None)
             for name, tps in measured.items():
                 ratio = f"{tps / base:.2f}x" if base and not name.endswith((" fp32", " eager")) else ""
-                print(f"{name:<22}{batch:>6}{tps:>11.0f}{2 * macs * tps / rate:>11.0%}{ratio:>8}")
+                precision = "fp32" if name.endswith(" eager") else name.rsplit(" ", 1)[1]
+                rows.append((name, batch, tps, precision, ratio))
+                print(f"{name:<22}{batch:>6}{tps:>11.0f}{'':>12}{ratio:>8}", flush=True)
+    if yardstick:  # the fractions against the mean of the start's and the end's ceilings
+        yardstick.finish()
+        print("\n".join(yardstick.lines(opt)))
+        for name, batch, tps, precision, ratio in rows:
+            fraction = yardstick.fraction(precision, opt, tps)
+            share = "" if fraction is None else f"{fraction:.2f}"
+            print(f"{name:<22}{batch:>6}{tps:>11.0f}{share:>12}{ratio:>8}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ its error against fp32 on the export's check sentences (max abs, min cosine per 
 layers above it) and on the fixture sentences as one large batch (where a per-tensor scale is the whole batch's),
 and tokens/s at batch 1, batch 32 and length-sorted batches of 4096 padded tokens (as elmo-embed cuts a file), with
 the ratio to fp32. The engines run batch by batch in turn (fp32, then each candidate, on the same batch), so a
-noisy machine slows them alike and the ratios hold where the absolute figures do not.
+noisy machine slows them alike and the ratios hold where the absolute figures do not; and each rate as the fraction
+of its precision's ceiling (bench/yardstick.py: ONNX Runtime's GEMM at the LSTM step's shape, at the start and the
+end of the run, the CPU's flags beside).
 
 Candidates: the project's graph writer (model_export/onnx_graph.py: `Int8`), by activations (row7: per row, 7
 bits; row8: per row, 8 bits; tensor: per batch, DynamicQuantizeMatMul) and weights (s8 symmetric, u8 asymmetric,
@@ -30,6 +32,7 @@ import numpy as np
 import onnx
 
 from bench.common import BUILD, ROOT, fixture_sentences, full_size_model
+from bench.yardstick import Yardstick
 from model_export.export import CHECK_SENTENCES, INT8
 from model_export.onnx_graph import Int8, build_onnx_model
 from model_export.weights import load_bilm
@@ -158,6 +161,9 @@ def main() -> None:
         if not (export / "model_int8.onnx").exists():
             export_published(options, weights, export)
     model = load_bilm(options, weights)
+    opt = model.options
+    yardstick = Yardstick(args.threads)
+    print("\n".join(yardstick.lines(opt)), flush=True)
     sentences = fixture_sentences()
     fp32 = Engine(export, provider="cpu", intra_op_threads=args.threads)
     want_check, want_batch = fp32.run(CHECK_SENTENCES), fp32.run(sentences)
@@ -179,10 +185,20 @@ def main() -> None:
         )
         engines[name] = engine
     print(f"tokens/s (x fp32), each batch run by every engine in turn, {args.seconds:g} s each, {args.threads} threads")
+    measured = {}
     for kind in args.batches.split(","):
-        rates = in_turn(engines, cut(sentences, kind), args.seconds)
+        rates = measured[kind] = in_turn(engines, cut(sentences, kind), args.seconds)
         row = "  ".join(f"{name} {rate:.0f} ({rate / rates['fp32']:.2f}x)" for name, rate in rates.items())
         print(f"  {'bulk-like' if kind == 'bulk' else 'batch ' + kind}: {row}", flush=True)
+    yardstick.finish()
+    print("\n".join(yardstick.lines(opt)))
+    print("fractions of each precision's ceiling (the mean of the start's and the end's):")
+    for kind, rates in measured.items():
+        row = "  ".join(
+            f"{name} {yardstick.fraction('fp32' if name == 'fp32' else 'int8', opt, rate):.2f}"
+            for name, rate in rates.items()
+        )
+        print(f"  {'bulk-like' if kind == 'bulk' else 'batch ' + kind}: {row}")
 
 
 if __name__ == "__main__":

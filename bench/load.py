@@ -11,6 +11,8 @@ In one run, on the full-size published architecture (random weights) unless --mo
      for --seconds (a minimal client: the load generator shares the 2 cores with the server):
      tokens/s, requests/s, p50/p95/p99 latency, errors.
 Bars: 32 clients reach >= 70% of the bulk tokens/s; a lone client's p50 <= 1.3x the engine's batch-1 time.
+Around it all, the yardstick (bench/yardstick.py: ONNX Runtime's GEMM at the LSTM step's shape in the precision's
+fp32 or int8, the CPU's flags), and the bulk and served tokens/s as fractions of the precision's ceiling.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import numpy as np
 import orjson
 
 from bench.common import BUILD, ROOT, fixture_sentences, full_size_model, percentiles
+from bench.yardstick import Yardstick
+from model_export.options import BiLMOptions
 from service.engine.session import Engine
 from service.metrics import STAGES
 
@@ -169,6 +173,10 @@ def main() -> None:
     model = args.model or full_size_model() / "onnx"
     sentences = fixture_sentences()
     BUILD.mkdir(parents=True, exist_ok=True)
+    opt = BiLMOptions.from_dict(orjson.loads((model / "manifest.json").read_bytes())["architecture"])
+    yardstick = Yardstick(args.threads)
+    print("\n".join(yardstick.lines(opt)), flush=True)
+    served = {}
 
     # The best of two bulk runs: the bar is a ratio to it, and a run slowed by the VM would flatter the service.
     bulk = max(bulk_tokens_per_s(model, sentences * 20, args.threads, args.precision) for _ in range(2))
@@ -202,6 +210,7 @@ def main() -> None:
             r = asyncio.run(load(f"{base}/embed", sentences, clients, args.seconds, args.encoding, args.pooling))
             after, stages_after = engine_metrics(base), stage_metrics(base)
             lat = {k: v * 1e3 for k, v in r["latency"].items()}
+            served[clients] = r["tokens_per_s"]
             print(
                 f"{clients:>8}{r['tokens_per_s']:>10.0f}{r['tokens_per_s'] / bulk:>10.0%}{r['requests_per_s']:>10.1f}"
                 f"{lat.get('p50', 0):>10.0f}{lat.get('p95', 0):>10.0f}{lat.get('p99', 0):>10.0f}{r['errors']:>10}"
@@ -223,6 +232,11 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+    yardstick.finish()
+    print("\n".join(yardstick.lines(opt)))
+    print(yardstick.result("bulk elmo-embed", args.precision, opt, bulk))
+    for clients, tokens_per_s in served.items():
+        print(yardstick.result(f"served, {clients} clients", args.precision, opt, tokens_per_s))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
 * unique tokens only: the char-CNN runs once per distinct token of the batch that the caller has not
   cached (`token_chars`, (U, max_chars)); `cached_vectors` (V, P) are token vectors the caller kept from
   earlier batches (the output `token_vectors`); `index_fwd` (B, T) places rows of [encoded; cached];
+* each char convolution is one product over every token's char windows, not a Conv (bench.yardstick's profile);
 * each layer's input-to-gate products for all time steps are one GEMM per direction before the loop
   (the bias folded in); both directions share one loop;
 * no work on padding: rows are sorted longest first inside the graph, the input GEMM runs on the real
@@ -179,7 +180,10 @@ class _Precision:
         row_scale = g.op("Div", peak, g.const(float(top), "top"))  # (M, 1)
         centre = g.const(centre, "centre", np.uint8)
         one = g.const(1.0, "one")
-        quantized = g.op("QuantizeLinear", g.op("Div", x, row_scale), one, centre)  # round half to even, saturate
+        # QuantizeLinear per axis 0 (a scale and a zero point per row) divides and rounds (half to even, saturating)
+        # in one pass over x, where a Div before a per-tensor QuantizeLinear took two and a temporary as large as x
+        scales = g.op("Squeeze", row_scale, g.const([1], "axis1", np.int64))  # (M,)
+        quantized = g.op("QuantizeLinear", x, scales, g.op("Expand", centre, g.op("Shape", scales)), axis=0)
         product = g.op("MatMulIntegerToFloat", quantized, values, one, scale, centre, zero, domain=MS_DOMAIN)
         if not scaled:
             return product, row_scale
@@ -198,9 +202,10 @@ def token_width(opt) -> int:
     return opt.max_chars + (1 if opt.word_dim else 0)
 
 
-def _token_encoder(p: _Precision, model: BiLM, token_chars: str) -> str:
+def _token_encoder(p: _Precision, model: BiLM, token_chars: str, windows_as_products: bool = False) -> str:
     """(U, token_width) ids -> (U, P) token vectors, fp32; the same math as CharCNN.forward (its products in
-    fp16 or int8 where the precision asks for them; the convolutions never in int8)."""
+    fp16 or int8 where the precision asks for them; the convolutions never in int8). `windows_as_products`: each
+    convolution as one product over every token's windows (`_convolution_as_product`), the Loop graphs' way."""
     g, enc, opt = p.g, model.token_encoder, model.options
     activation = "Relu" if opt.activation == "relu" else "Tanh"
     quantize = p.int8 is not None and p.int8.token_encoder
@@ -213,11 +218,15 @@ def _token_encoder(p: _Precision, model: BiLM, token_chars: str) -> str:
             words = g.op("Squeeze", g.op("Slice", token_chars, columns[0], columns[1], axis1), axis1)  # (U,)
             token_chars = g.op("Slice", token_chars, g.const([0], "zero", i64), columns[0], axis1)  # (U, max_chars)
         table = p.weight(_np(enc.char_embed.weight), "char_embed")
-        x = g.op("Transpose", g.op("Gather", table, token_chars), perm=[0, 2, 1])  # (U, char_dim, max_chars)
         pooled = []
-        for conv in enc.convs:
-            y = g.op("Conv", x, p.weight(_np(conv.weight), "w_cnn"), p.weight(_np(conv.bias), "b_cnn"))
-            pooled.append(g.op(activation, g.op("ReduceMax", y, axes=[2], keepdims=0)))
+        if windows_as_products:
+            for conv in enc.convs:
+                pooled.append(g.op(activation, _convolution_as_product(p, table, token_chars, conv, opt.max_chars)))
+        else:
+            x = g.op("Transpose", g.op("Gather", table, token_chars), perm=[0, 2, 1])  # (U, char_dim, max_chars)
+            for conv in enc.convs:
+                y = g.op("Conv", x, p.weight(_np(conv.weight), "w_cnn"), p.weight(_np(conv.bias), "b_cnn"))
+                pooled.append(g.op(activation, g.op("ReduceMax", y, axes=[2], keepdims=0)))
         x = g.op("Concat", *pooled, axis=1)  # (U, n_filters)
     for k, highway in enumerate(enc.highways):
         with g.scoped(f"highway{k}"):
@@ -231,6 +240,25 @@ def _token_encoder(p: _Precision, model: BiLM, token_chars: str) -> str:
         if words is not None:  # (U, word_dim + n_filters)
             x = g.op("Concat", g.op("Gather", p.weight(_np(enc.word_embed.weight), "word_embed"), words), x, axis=1)
         return p.up(p.linear(x, _np(enc.proj.weight), _np(enc.proj.bias), "proj", quantize))
+
+
+def _convolution_as_product(p: _Precision, table: str, token_chars: str, conv, max_chars: int) -> str:
+    """One char convolution of width w and its max-pool: (U, max_chars) char ids -> (U, n) before the activation.
+    Each token's windows of w chars (L = max_chars - w + 1 of them) are gathered, their embeddings side by side
+    (U, L, w * char_dim), and multiplied by the filters as one (w * char_dim, n) matrix: one large product where
+    ONNX Runtime's Conv took 12-26% of a full-size bulk batch's node time for 9% of its FLOPs (docs/performance.md,
+    "The machine's own limit"). The
+    bias comes after the max (max(y + b) = max(y) + b, also in floating point, rounding being monotonic): one pass
+    over (U, n) instead of (U, L, n)."""
+    g = p.g
+    n, char_dim, width = conv.weight.shape  # Conv1d's (out, in, kernel)
+    starts = np.arange(max_chars - width + 1)[:, None] + np.arange(width)[None, :]  # (L, w)
+    windows = g.op("Gather", token_chars, g.const(starts, "windows", np.int64), axis=1)  # (U, L, w) char ids
+    chars = g.op("Gather", table, windows)  # (U, L, w, char_dim)
+    flat = g.op("Reshape", chars, g.const([0, 0, width * char_dim], "windows_flat", np.int64))
+    filters = _np(conv.weight).transpose(2, 1, 0).reshape(width * char_dim, n)  # [k * char_dim + d, f]
+    y = p.up(g.op("MatMul", p.down(flat), p.weight(filters, "w_cnn")))  # (U, L, n)
+    return g.op("Add", g.op("ReduceMax", y, axes=[1], keepdims=0), p.weight(_np(conv.bias), "b_cnn"))
 
 
 def _int64_zero() -> onnx.TensorProto:
@@ -293,7 +321,7 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
     p = _Precision(g, precision, int8)
     f32, axis0 = TensorProto.FLOAT, g.const([0], "axis0", np.int64)
     order, lengths, unsort = _longest_first(g)
-    encoded = _token_encoder(p, model, "token_chars")  # (U, P)
+    encoded = _token_encoder(p, model, "token_chars", windows_as_products=True)  # (U, P)
     g.op("Identity", encoded, out=["token_vectors"])
     table = g.op("Concat", encoded, "cached_vectors", axis=0)
     # Each direction reads its own positions (the backward one the sentence reversed), time-major (T, B, P).

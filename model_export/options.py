@@ -44,13 +44,19 @@ class BiLMOptions:
     def num_output_layers(self) -> int:
         return self.n_layers + 1
 
+    def macs_by_part(self) -> dict[str, int]:
+        """Multiply-adds a token costs in each part (the LSTMs: both directions, the input's and the state's gate
+        products and the projection), the measure of work of the benchmarks (bench/yardstick.py)."""
+        return {
+            "lstm": 2 * self.n_layers * (2 * self.proj_dim * 4 * self.cell_dim + self.cell_dim * self.proj_dim),
+            "char_cnn": sum(width * self.char_dim * n * (self.max_chars - width + 1) for width, n in self.filters),
+            "highway": self.n_highway * 2 * self.n_filters * self.n_filters,
+            "projection": (self.word_dim + self.n_filters) * self.proj_dim,
+        }
+
     def macs_per_token(self) -> int:
-        """Multiply-adds per token (both directions), the measure of work used by the benchmarks."""
-        cnn = sum(width * self.char_dim * n * (self.max_chars - width + 1) for width, n in self.filters)
-        highway = self.n_highway * 2 * self.n_filters * self.n_filters
-        projection = (self.word_dim + self.n_filters) * self.proj_dim
-        lstm = 2 * self.n_layers * (2 * self.proj_dim * 4 * self.cell_dim + self.cell_dim * self.proj_dim)
-        return cnn + highway + projection + lstm
+        """Multiply-adds per token, all parts together."""
+        return sum(self.macs_by_part().values())
 
     @classmethod
     def from_dict(cls, d: dict) -> BiLMOptions:

@@ -140,3 +140,15 @@ def test_every_node_is_named_for_where_it_is(tiny_model_dir):
             assert all(names) and len(set(names)) == len(names), file  # named, each once in its graph
         seen = {node.name.rpartition("/")[0] for graph in graphs for node in graph.node}
         assert scopes <= seen, (file, seen)
+
+
+def test_the_loop_graphs_convolve_chars_as_one_product_per_width(tiny_model_dir, tiny_bilm):
+    """The CPU's Loop graphs multiply each token's char windows by each width's filters in one MatMul (ONNX
+    Runtime's Conv ran them at half the rate of the products around them); the window graph keeps Conv (cuDNN's).
+    Their numbers agree: test_window_graph.py compares the two graphs, and the tests above compare with allennlp."""
+    widths = len(tiny_bilm.options.filters)
+    for file in ("model.onnx", "model_int8.onnx", "model_window.onnx"):
+        nodes = onnx.load(str(tiny_model_dir / file)).graph.node
+        convs = sum(node.op_type == "Conv" for node in nodes)
+        products = sum(node.op_type == "MatMul" and node.name.startswith("char_cnn/") for node in nodes)
+        assert (convs, products) == ((widths, 0) if "window" in file else (0, widths)), file
