@@ -33,7 +33,8 @@ class Sentence:
 
     def __init__(self, tag: object, keys: list[Hashable]):
         self.tag, self.keys = tag, keys  # the caller's tag, to route the result
-        self.pieces: list[tuple[int, int, np.ndarray, int]] = []  # first position, positions, a call's layers, at
+        # first position, positions, the call's token layer (N, P) and LSTM layers (L, 2, N, P), at
+        self.pieces: list[tuple[int, int, np.ndarray, np.ndarray, int]] = []
         self.done = 0  # positions computed
 
     @property
@@ -49,23 +50,40 @@ class Sentence:
     def finished(self) -> bool:
         return self.done == len(self.keys)
 
-    def result(self) -> np.ndarray:
+    def result(self, dtype=np.float32) -> np.ndarray:
         """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it: the forward half at the
-        positions read, the backward half at the positions the sentence reversed read."""
-        first_layers = self.pieces[0][2]
-        half, length = first_layers.shape[-1], len(self.keys)
-        out = np.empty((first_layers.shape[0], length - 2, 2 * half), np.float32)  # position p at p - 1
-        for first, n, layers, q in self.pieces:  # layers: (L+1, 2, N, P) of the call
+        positions read, the backward half at the positions the sentence reversed read; layer 0 (the token vector,
+        the same in both halves) written twice from the one copy the graph returns. `dtype` float16 halves the
+        bytes of those who ask for it (the numbers rounded once, here)."""
+        first_lstm = self.pieces[0][3]
+        half, length = first_lstm.shape[-1], len(self.keys)
+        out = np.empty((first_lstm.shape[0] + 1, length - 2, 2 * half), dtype)  # position p at p - 1
+        for first, n, token_layer, lstm, q in self.pieces:  # lstm: (L, 2, N, P) of the call
             # forward: positions first .. first+n-1; backward: the sentence reversed read them, so it computed
             # positions end-n .. end-1 (end = length - first), last first
             lo, hi = max(first, 1), min(first + n, length - 1)
             if lo < hi:
-                out[:, lo - 1 : hi - 1, :half] = layers[:, 0, q + lo - first : q + hi - first]
+                out[0, lo - 1 : hi - 1, :half] = token_layer[q + lo - first : q + hi - first]
+                out[1:, lo - 1 : hi - 1, :half] = lstm[:, 0, q + lo - first : q + hi - first]
             end = length - first
             lo, hi = max(end - n, 1), min(end, length - 1)
             if lo < hi:
-                out[:, lo - 1 : hi - 1, half:] = layers[:, 1, q : q + n][:, ::-1][:, lo - end + n : hi - end + n]
+                out[1:, lo - 1 : hi - 1, half:] = lstm[:, 1, q : q + n][:, ::-1][:, lo - end + n : hi - end + n]
+        out[0, :, half:] = out[0, :, :half]
         return out
+
+
+def finite_rows(positions: int, window: int, multiple: int, max_rows: int) -> int:
+    """The rows to run a finite batch of `positions` positions (boundaries included) on: enough for about
+    FINITE_CALLS calls, so that only the last call or two of each row are partly padding, in multiples of
+    `multiple` (the rows a call is fed as), at most `max_rows`."""
+    rows = -(-positions // (window * FINITE_CALLS))
+    return max(multiple, min(max_rows, -(-rows // multiple) * multiple))
+
+
+# Calls a finite batch's rows are sized for: more calls, less padding at the rows' ends (fewer rows run longer),
+# but each call has fewer rows to spread over a GPU.
+FINITE_CALLS = 8
 
 
 class PackedRows:

@@ -1,0 +1,72 @@
+"""Reused host memory for the window graph's outputs: a call's layers are written into a block lent by the pool,
+not into a fresh allocation (first-touch writes of a fresh 400 MB array cost several times the copy itself).
+
+A block is lent again only once nothing holds it: the sentences of a call keep views of its block until their
+layers are put together (packing.Sentence.result), and a numpy view holds a reference to the array that owns the
+memory, so the owner's reference count says whether any view is alive. The pool never frees a block itself: it
+only drops its own reference to free blocks beyond `keep`, and the memory goes when the last view goes (a block of
+pinned memory holds the ONNX Runtime value that owns it, so it too lives as long as a view of it)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import numpy as np
+
+# The references a block has while nothing but the pool holds it: the pool's list and getrefcount's argument.
+_IDLE_REFS = 2
+
+
+def numpy_allocator(floats: int) -> np.ndarray:
+    return np.empty(floats, np.float32)
+
+
+def pinned_allocator(device_id: int) -> Callable[[int], np.ndarray]:
+    """Blocks of page-locked host memory from ONNX Runtime's CUDA allocator (copies from the device run at full
+    speed and without a staging copy), viewed as numpy arrays that keep the owning OrtValue alive."""
+    import ctypes
+
+    import onnxruntime as ort
+
+    def allocate(floats: int) -> np.ndarray:
+        value = ort.OrtValue.ortvalue_from_shape_and_type([floats], np.float32, "cuda_pinned", device_id)
+        memory = (ctypes.c_float * floats).from_address(value.data_ptr())
+        memory._owner = value  # the ctypes array (the numpy array's base) keeps the pinned memory alive
+        return np.frombuffer(memory, np.float32)
+
+    return allocate
+
+
+class HostPool:
+    """Float32 blocks lent for one call's outputs and taken back implicitly once no view of them is alive.
+
+    `take(floats)` returns a block of at least that many floats (the smallest free one that fits, else a new one,
+    its size rounded up to a power of two so that calls of similar sizes share blocks). Not thread-safe: the
+    engine's thread takes; other threads only drop views."""
+
+    def __init__(self, allocate: Callable[[int], np.ndarray] = numpy_allocator, keep: int = 3):
+        self.allocate, self.keep = allocate, keep
+        self.blocks: list[np.ndarray] = []
+        self.allocated = 0  # blocks made, over the pool's life (tests, bench.host)
+
+    def take(self, floats: int) -> np.ndarray:
+        free = [b for b in self.blocks if sys.getrefcount(b) <= _IDLE_REFS + 1]  # +1: the loop variable
+        fitting = [b for b in free if len(b) >= floats]
+        if fitting:
+            block = min(fitting, key=len)
+        else:
+            block = self.allocate(1 << max(0, floats - 1).bit_length())
+            self.allocated += 1
+            self.blocks.append(block)
+            free.append(block)
+        # blocks nobody uses beyond `keep` are let go (the largest kept: they fit every call)
+        spare = sorted((b for b in free if b is not block), key=len, reverse=True)[self.keep - 1 :]
+        if spare:
+            ids = {id(b) for b in spare}
+            self.blocks = [b for b in self.blocks if id(b) not in ids]
+        return block
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
