@@ -120,8 +120,10 @@ def embed_file(
     batch_tokens: int = 4096,
     progress: bool = True,
     shard: Shard = ALL_LINES,
+    dtype: str = "float32",
 ) -> dict:
-    """Embed every line of input_path (of the shard) into output_path; returns counts and timing.
+    """Embed every line of input_path (of the shard) into output_path, each dataset of `dtype` (float32, or
+    float16: half the bytes); returns counts and timing.
 
     Four threads, so that the engine never waits on the file system, the parser or the copies: a reader parses
     the next chunks and plans their batches (at most READ_AHEAD_CHUNKS ahead), this thread runs the engine, an
@@ -141,7 +143,9 @@ def embed_file(
     finished: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     assembled: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     reader = _Stage(stop, _read_ahead, input_path, shard, batch_tokens, planned, stop)
-    assembler = _Stage(stop, _assemble, finished, assembled, stop)
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype {dtype!r}: float32 or float16")
+    assembler = _Stage(stop, _assemble, finished, assembled, stop, np.dtype(dtype))
     writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started)
     stages = (reader, assembler, writer)
     try:
@@ -294,13 +298,14 @@ def _until(stop: threading.Event, lines: Iterator) -> Iterator:
         yield line
 
 
-def _assemble(finished: queue.Queue, assembled: queue.Queue, stop: threading.Event) -> None:
-    """Assembler stage: each finished batch's layers as contiguous arrays (a packed sentence's put together from
-    its pieces); chunks and the end pass through in order."""
+def _assemble(finished: queue.Queue, assembled: queue.Queue, stop: threading.Event, dtype: np.dtype) -> None:
+    """Assembler stage: each finished batch's layers as contiguous arrays of `dtype` (a packed sentence's put
+    together from its pieces, rounded as it is written there); chunks and the end pass through in order."""
     while (item := _get(finished, stop)) is not _END:
         if not isinstance(item, list):  # a batch: (line indexes, layers)
             lines, layers = item
-            item = (lines, [np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x.result() for x in layers])
+            item = (lines, [np.ascontiguousarray(x, dtype) if isinstance(x, np.ndarray) else x.result(dtype)
+                            for x in layers])  # fmt: skip
         _put(assembled, item, stop)
     _put(assembled, _END, stop)
 
@@ -332,13 +337,14 @@ def _write_behind(partial: Path, finished: queue.Queue, stop: threading.Event, b
 
 
 def _dataset_writer(out: h5py.File):
-    """write(name, array): one float32 dataset, through h5py's low-level calls (the high-level create_dataset
-    spends several times longer per dataset in Python, and a file holds one dataset per line)."""
+    """write(name, array): one float32 (or float16) dataset, through h5py's low-level calls (the high-level
+    create_dataset spends several times longer per dataset in Python, and a file holds one dataset per line)."""
     spaces: dict[tuple, h5py.h5s.SpaceID] = {}
 
-    def write(name: str, array: np.ndarray) -> None:  # a contiguous float32 array (`_assemble`)
+    def write(name: str, array: np.ndarray) -> None:  # a contiguous float32 or float16 array (`_assemble`)
         space = spaces.get(array.shape) or spaces.setdefault(array.shape, h5py.h5s.create_simple(array.shape))
-        dataset = h5py.h5d.create(out.id, name.encode(), h5py.h5t.IEEE_F32LE, space)
+        kind = h5py.h5t.IEEE_F16LE if array.dtype == np.float16 else h5py.h5t.IEEE_F32LE
+        dataset = h5py.h5d.create(out.id, name.encode(), kind, space)
         dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
 
     return write

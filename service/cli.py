@@ -58,6 +58,12 @@ def embed_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-graphs", action="store_true", help="capture each batch shape as a CUDA graph")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float16"],
+        help="the datasets' type: float16 halves the file (each number rounded once; docs/gpu.md gives the error)",
+    )
+    parser.add_argument(
         "--shard",
         type=_shard,
         default=ALL_LINES,
@@ -83,8 +89,9 @@ def embed_main(argv: list[str] | None = None) -> int:
             raise canary.CanaryMismatch("the canaries disagree (--canary warn embeds anyway)")
         batch_tokens = args.batch_tokens or default_batch_tokens(engine.provider)
         stats = embed_file(
-            engine, args.input, args.output, batch_tokens, progress=not args.no_progress, shard=args.shard
-        )
+            engine, args.input, args.output, batch_tokens, progress=not args.no_progress, shard=args.shard,
+            dtype=args.dtype,
+        )  # fmt: skip
     except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
         print(f"elmo-embed: {err}", file=sys.stderr)
         return 1
