@@ -71,7 +71,7 @@ class EmbedRequest(Mix):
     encoding: Literal["float", "base64"] = Field("float", description="base64: little-endian float32, C order")
     dtype: Literal["float32", "float16"] = Field(
         "float32",
-        description='float16: half the bytes, each number rounded once (base64 or the .npz answer only; the error '
+        description="float16: half the bytes, each number rounded once (base64 or the .npz answer only; the error "
         "on the default model is in the docs' GPU page)",
     )
     mixes: list[Mix] | None = Field(
