@@ -188,7 +188,7 @@ def _embed_packed(engine: Engine, planned: queue.Queue, finished: queue.Queue, s
     """The window graph: every chunk's sentences through one set of packed rows (service/engine/packing.py), as
     the service runs them, so rows are refilled across chunks and only the file's end is padding. A chunk goes to
     the writer once all its sentences have (chunks in order: a repeated sentence keeps its last line)."""
-    packed = PackedRows(engine)
+    packed = PackedRows(engine, prefetch=True)  # the next call's feeds built while this one runs
     enough = 3 * engine.max_rows  # more waiting than a call can start: no row goes empty while lines remain
     chunks: deque[list] = deque()  # chunks admitted, oldest first, each with its count of sentences unfinished
     reading = True

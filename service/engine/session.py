@@ -14,6 +14,7 @@ biLM was trained, and the boundary positions are cut off again before the vector
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +91,7 @@ class Engine:
             order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
             positions = sum(len(s) + 2 for s in sentences)
             rows = finite_rows(positions, self.window, self._window.row_multiple, self.max_rows)
-            packed, results = PackedRows(self, rows), [None] * len(sentences)
+            packed, results = PackedRows(self, rows, prefetch=True), [None] * len(sentences)
             packed.admit((sentences[i] for i in order), order)
             while packed.busy:
                 for sentence in packed.step():
@@ -130,6 +131,12 @@ class Engine:
         computed, from the model's initial state where its sentence starts, else from the state row `source[b]`
         of the last call left, and kept in its sentence as a view of this call's output. Returns the rows computed
         (the rows given, padded to the shapes the graph is fed in)."""
+        return self.run_prepared(self.prepare_packed(rows, source))
+
+    def prepare_packed(self, rows: list[list[Segment]], source: list[int]) -> Prepared:
+        """The host's side of `call_packed` before the graph runs: its feeds. Reads the sentences' keys and the
+        token cache only, so it may run (on another thread) while the previous call runs: a token that call
+        encodes is then encoded again here, the same bits."""
         window = self.window
         padded = self._window.rows(len(rows))
         # every position's key, forward and backward, row after row; a row's unused positions read the boundary
@@ -167,13 +174,17 @@ class Engine:
         feeds["positions"] = np.zeros(self._window.positions(len(positions), padded), np.int64)  # padding: 0
         feeds["positions"][: len(positions)] = positions
         fresh = all(segments[0][1] == 0 for segments in rows)  # no row continues: the state given is not read
-        layers, token_vectors = self._window.run(feeds, fresh)
-        self._cache(encoded, token_vectors)
-        q = 0
-        for segments in rows:
+        return Prepared(rows, feeds, encoded, fresh, padded)
+
+    def run_prepared(self, prepared: Prepared) -> int:
+        """Run a call prepared by `prepare_packed` (calls run in the order they were prepared: each continues
+        from the state the one before left); returns the rows computed."""
+        layers, token_vectors = self._window.run(prepared.feeds, prepared.fresh)
+        self._cache(prepared.encoded, token_vectors)
+        q, padded = 0, prepared.padded
+        for segments in prepared.rows:
             for sentence, first, n in segments:
-                sentence.pieces.append((first, n, *layers, q))
-                sentence.done = first + n
+                sentence.pieces.append((first, n, *layers, q))  # its positions done: PackedRows counts them
                 q += n
         return padded
 
@@ -182,6 +193,17 @@ class Engine:
         for key, row in encoded.items():
             if key not in self.mapping.boundaries:  # never looked up in the cache
                 self.token_cache.put(key, token_vectors[row].copy())
+
+
+@dataclass
+class Prepared:
+    """A window call's feeds, built ahead of its run (`Engine.prepare_packed`)."""
+
+    rows: list[list[Segment]]
+    feeds: dict[str, np.ndarray]
+    encoded: dict
+    fresh: bool
+    padded: int
 
 
 class _WindowCalls:

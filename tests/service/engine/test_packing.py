@@ -140,3 +140,20 @@ def test_the_output_blocks_are_reused_and_never_while_a_sentence_views_them(wind
     for _ in range(4):
         window_engine.run(sentences)
     assert pool.allocated == before and pool.allocated - made <= 3
+
+
+def test_the_next_calls_feeds_built_during_a_call_change_no_bit(window_engine, sentences):
+    # prefetch: call N+1 planned and its feeds built on another thread while call N runs (before N's new tokens
+    # reach the cache: they are encoded again, the same bits); sentences admitted between steps join later calls
+    alone = [window_engine.run([s])[0] for s in sentences]
+    ahead = PackedRows(window_engine, max_rows=4, prefetch=True)
+    got, fed = {}, 0
+    while fed < len(sentences) or ahead.busy:
+        ahead.admit(sentences[fed : fed + 3], range(fed, min(fed + 3, len(sentences))))
+        fed += 3
+        for s in ahead.step():
+            assert s.tag not in got  # each sentence finished once
+            got[s.tag] = s.result()
+    assert sorted(got) == list(range(len(sentences))) and ahead.prepare_s > 0
+    for i, want in enumerate(alone):
+        np.testing.assert_array_equal(got[i], want)
