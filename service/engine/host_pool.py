@@ -5,7 +5,7 @@ A block is lent again only once nothing holds it: the sentences of a call keep v
 layers are put together (packing.Sentence.result), and a numpy view holds a reference to the array that owns the
 memory, so the owner's reference count says whether any view is alive. The pool never frees a block itself: it
 only drops its own reference to free blocks beyond `keep`, and the memory goes when the last view goes (a block of
-pinned memory holds the ONNX Runtime value that owns it, so it too lives as long as a view of it)."""
+pinned memory holds the object that frees it, so it too lives as long as a view of it)."""
 
 from __future__ import annotations
 
@@ -22,17 +22,47 @@ def numpy_allocator(floats: int) -> np.ndarray:
     return np.empty(floats, np.float32)
 
 
-def pinned_allocator(device_id: int) -> Callable[[int], np.ndarray]:
-    """Blocks of page-locked host memory from ONNX Runtime's CUDA allocator (copies from the device run at full
-    speed and without a staging copy), viewed as numpy arrays that keep the owning OrtValue alive."""
+def cudart():
+    """The CUDA runtime library (ctypes), as onnxruntime-gpu loads it (`onnxruntime.preload_dlls`); None where it
+    cannot be loaded."""
     import ctypes
 
-    import onnxruntime as ort
+    for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+class _PinnedMemory:
+    """Page-locked host memory from cudaHostAlloc, freed when the last array over it goes."""
+
+    def __init__(self, library, nbytes: int):
+        import ctypes
+
+        self.library, self.pointer = library, ctypes.c_void_p()
+        if library.cudaHostAlloc(ctypes.byref(self.pointer), ctypes.c_size_t(nbytes), 0):
+            raise MemoryError(f"cudaHostAlloc of {nbytes} bytes failed")
+
+    def __del__(self):
+        self.library.cudaFreeHost(self.pointer)
+
+
+def pinned_allocator() -> Callable[[int], np.ndarray]:
+    """Blocks of page-locked host memory (copies from the device run at full speed, without a staging copy),
+    viewed as numpy arrays that keep the memory alive; pageable numpy memory where the CUDA runtime library
+    cannot be loaded. (ONNX Runtime's Python API allocates no pinned host memory for the bundled CUDA provider.)"""
+    import ctypes
+
+    library = cudart()
+    if library is None:
+        return numpy_allocator
 
     def allocate(floats: int) -> np.ndarray:
-        value = ort.OrtValue.ortvalue_from_shape_and_type([floats], np.float32, "cuda_pinned", device_id)
-        memory = (ctypes.c_float * floats).from_address(value.data_ptr())
-        memory._owner = value  # the ctypes array (the numpy array's base) keeps the pinned memory alive
+        owner = _PinnedMemory(library, 4 * floats)
+        memory = (ctypes.c_float * floats).from_address(owner.pointer.value)
+        memory._owner = owner  # the ctypes array (the numpy array's base) keeps the pinned memory alive
         return np.frombuffer(memory, np.float32)
 
     return allocate

@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.engine.feeds import Window, bucket, encode_windows, place, sentence_keys, token_inputs
-from service.engine.host_pool import HostPool, numpy_allocator, pinned_allocator
+from service.engine.host_pool import HostPool, cudart, numpy_allocator, pinned_allocator
 from service.engine.packing import PackedRows, Segment, finite_rows
 from service.engine.providers import check_single_runtime, open_graph, session_options
 from service.engine.token_cache import TokenCache
@@ -234,7 +234,7 @@ class _WindowCalls:
         self.outputs = SPLIT_OUTPUTS if "token_layer" in outputs else STACKED_OUTPUTS
         cuda = self.device == "cuda"
         self.row_multiple = CUDA_ROW_MULTIPLE if cuda else ROW_MULTIPLE
-        self.pool = HostPool(pinned_allocator(self.device_id) if cuda else numpy_allocator)
+        self.pool = HostPool(pinned_allocator() if cuda else numpy_allocator)
         self._copy = _cuda_copy() if cuda else None
 
     def rows(self, n: int) -> int:
@@ -388,20 +388,14 @@ def _cuda_copy():
     Python API has no copy into a given host buffer); None where the CUDA runtime library cannot be loaded."""
     import ctypes
 
-    for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so"):
-        try:
-            cudart = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    else:
+    library = cudart()
+    if library is None:
         return None
     device_to_host = 2  # cudaMemcpyDeviceToHost
 
     def copy(view: np.ndarray, value: ort.OrtValue) -> None:
-        nbytes = view.nbytes
-        err = cudart.cudaMemcpy(ctypes.c_void_p(view.ctypes.data), ctypes.c_void_p(value.data_ptr()),
-                                ctypes.c_size_t(nbytes), device_to_host)  # fmt: skip
+        err = library.cudaMemcpy(ctypes.c_void_p(view.ctypes.data), ctypes.c_void_p(value.data_ptr()),
+                                 ctypes.c_size_t(view.nbytes), device_to_host)  # fmt: skip
         if err:
             raise RuntimeError(f"cudaMemcpy from the device failed with error {err}")
 
