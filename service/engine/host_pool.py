@@ -79,11 +79,11 @@ class HostPool:
 
     `take(floats)` returns a block of at least that many floats (the smallest free one that fits, else a new one,
     its size rounded up to an eighth of a power of two so that calls of similar sizes share blocks). At most `keep`
-    free blocks are held: in steady traffic a call's block is free again by the call after next (its sentences
-    put together), and each one held is memory (330 MB a call of 1,024 rows at full size). Not thread-safe: the
-    engine's thread takes; other threads only drop views."""
+    free blocks are held: enough that engine.run's and a stream's calls find one free (a sentence spanning calls
+    holds each call's block until it is put together), and each one held is memory (330 MB a call of 1,024 rows at
+    full size). Not thread-safe: the engine's thread takes; other threads only drop views."""
 
-    def __init__(self, allocate: Callable[[int], np.ndarray] = numpy_allocator, keep: int = 2):
+    def __init__(self, allocate: Callable[[int], np.ndarray] = numpy_allocator, keep: int = 3):
         self.allocate, self.keep = allocate, keep
         self.blocks: list[np.ndarray] = []
         self.allocated = 0  # blocks made, over the pool's life (tests, bench.host)
