@@ -322,13 +322,10 @@ def packed(engine: Engine, sentences: list[list[str]], rows: int, seconds: float
 
 
 def run_efficiency(engine: Engine, sentences: list[list[str]], batch: int) -> float:
-    """Padding efficiency of one batch of `batch` sentences run whole, as `engine.run` runs them: rows packed
-    while sentences wait, and the batch's end padding."""
-    rows = PackedRows(engine)
-    rows.admit(cycle(sentences, batch), range(batch))
-    while rows.busy:
-        rows.step()
-    return rows.efficiency
+    """Padding efficiency of one batch of `batch` sentences run whole by `engine.run` (rows sized for a few full
+    calls, and the batch's end padding)."""
+    engine.run(cycle(sentences, batch))
+    return engine.run_efficiency
 
 
 # --- the yardstick and the baselines ---------------------------------------------------------------------------
@@ -553,6 +550,9 @@ def measure_engine(entry: dict, args, paths, reference, sentences, batches, rows
         mix: {str(r): packed(engine, text, r, args.seconds, warmup) for r in rows} for mix, text in mixes.items()
     }
     entry["run_padding_efficiency"] = {str(b): run_efficiency(engine, sentences, b) for b in batches}
+    calls = engine._window  # what the buckets of CUDA graphs hold on the device, and the host's pooled outputs
+    entry["buffers"] = {"buckets": len(calls.bound), "device_bytes": calls.captured_bytes,
+                        "host_pool_bytes": calls.pool.held_bytes}  # fmt: skip
     entry["lone_latency_ms"] = {"cache_warm": latency_ms(engine.run, lone, args.seconds)}
     engine.token_cache = type(engine.token_cache)(0)  # every token through the char-CNN again
     entry["lone_latency_ms"]["cache_off"] = latency_ms(engine.run, lone, args.seconds)
@@ -781,6 +781,12 @@ def markdown(report: dict) -> str:
         cells = [fmt(by_rows.get(r, {}).get("tokens_per_s")) for r in rows]
         lines.append(f"| yardstick {precision} ({report['yardstick']['kind']}) | every position real | "
                      + " | ".join(cells) + " |")  # fmt: skip
+    for name, entry in report["engines"].items():
+        if "buffers" in entry:
+            b = entry["buffers"]
+            lines.append(f"- ONNX Runtime {name}: {b['buckets']} captured buckets holding "
+                         f"{b['device_bytes'] / 2**20:,.0f} MiB on the device; {b['host_pool_bytes'] / 2**20:,.0f} "
+                         "MiB of pooled host memory for outputs")  # fmt: skip
     if "bulk" in report:
         lines += ["", f"elmo-embed: {fmt(report['bulk']['tokens_per_s'])} tokens/s over {report['bulk']['sentences']} "
                   f"sentences ({report['bulk']['seconds']:.1f} s)"]  # fmt: skip

@@ -1,17 +1,22 @@
 """What the host does around the GPU, measured on the CPU with a null session (ONNX Runtime's place taken by a
 stand-in that returns arrays of the right shapes at once, so everything else is timed):
 
-    python -m bench.host [--rows 256,1024] [--calls 40] [--bulk-sentences 6000] [--out build/bench/host]
+    python -m bench.host [--rows 256,1024] [--calls 40] [--batches 1,32,256,1024] [--bulk-sentences 6000]
+                         [--out build/bench/host]
 
-1. the engine's own work per window-graph call (packing the rows, the token inputs, binding, placing the layers
-   into each sentence), at the full-size shape (output dim 1024, 3 layers), the fixture sentences streamed through
-   the packer at each number of rows, as the service and elmo-embed run it; against the GPU time of a call of that
-   many rows at the yardstick's speed on an H200 (bench/gpu.py measures that speed: 143,545 tokens/s at 256 rows,
-   154,691 at 1024, the same math as one CUDA graph, docs/gpu.md), whose 10% is the goal;
+1. the engine's own work per window-graph call (packing the rows, the token inputs, binding, the copy of the
+   outputs into the host's pooled memory, which the null session writes as a device's copy would), at the
+   full-size shape (output dim 1024, 3 layers), the fixture sentences streamed through the packer at each number
+   of rows, as elmo-embed runs it (the next call's feeds built on another thread: the rest is the part still
+   serial with the GPU); against the GPU time of a call of that many rows at the yardstick's speed on an H200
+   (bench/gpu.py measures that speed: 143,545 tokens/s at 256 rows, 154,691 at 1024, the same math as one CUDA
+   graph, docs/gpu.md), whose 10% is the goal; the bytes newly allocated per call in steady state (tracemalloc);
+   and engine.run's padding efficiency on finite batches (`--batches`);
 2. elmo-embed's pipeline with a null engine: reading, planning, packing, placing and writing hdf5, on the fixture
    sentences repeated, into a folder on tmpfs where there is one (`--out-dir`): its tokens/s is the ceiling any
    engine can reach through it (goal: >= 300,000), printed beside the machine's own bound: one plain write of the
-   same bytes into the same folder (a VM's tmpfs may take fresh pages at a few hundred MB/s).
+   same bytes into the same folder (a VM's tmpfs may take fresh pages at a few hundred MB/s); at the full size in
+   float32 and float16 (`--dtype float16`: half the bytes).
 
 Prints a table with the CPU's model and flags, and writes OUT/host.json.
 """
@@ -20,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import json
 import pstats
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnxruntime as ort
@@ -32,7 +40,7 @@ import onnxruntime as ort
 from bench.common import BUILD, FULL_OPTIONS, ROOT, fixture_sentences
 from bench.gpu import cpu_flags, host_cpu
 from service.engine.packing import PackedRows
-from service.engine.session import Engine, _WindowCalls
+from service.engine.session import SPLIT_OUTPUTS, Engine, _WindowCalls
 from service.engine.token_cache import TokenCache
 from service.manifest import Graph, ModelInfo
 from service.text.token_ids import BilmTfMapping
@@ -56,7 +64,7 @@ class _Value:
 
 class _Binding:
     def __init__(self, session: NullSession):
-        self.session, self.inputs, self.outputs = session, {}, []
+        self.session, self.inputs, self.outputs, self.bound = session, {}, [], {}
 
     def bind_cpu_input(self, name: str, array: np.ndarray) -> None:
         self.inputs[name] = array
@@ -69,16 +77,21 @@ class _Binding:
 
     def bind_ortvalue_output(self, name: str, value) -> None:
         self.outputs.append(name)
+        self.bound[name] = value
 
     def get_outputs(self) -> list[_Value]:
         return self.values
 
 
 class NullSession:
-    """ONNX Runtime's session replaced: outputs of the right shapes (zeros, made once per shape), no compute."""
+    """ONNX Runtime's session replaced: no compute, but the outputs bound to host memory are written, as the copy
+    from the device writes them (from a buffer made once per shape: the device's), so the host's side of the
+    output copy is timed; the other outputs come back as those buffers."""
 
-    def __init__(self, info: ModelInfo, cell_dim: int):
-        self.info, self.cell_dim = info, cell_dim
+    writes_outputs = True
+
+    def __init__(self, info: ModelInfo, cell_dim: int, outputs: tuple[str, ...] = SPLIT_OUTPUTS):
+        self.info, self.cell_dim, self.output_names = info, cell_dim, outputs
         self._zeros: dict[tuple, np.ndarray] = {}
 
     def io_binding(self) -> _Binding:
@@ -87,17 +100,24 @@ class NullSession:
     def get_providers(self) -> list[str]:
         return ["NullSession"]
 
+    def get_outputs(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name=name) for name in self.output_names]
+
     def run_with_iobinding(self, binding: _Binding, options=None) -> None:
         rows, positions = len(binding.inputs["source"]), len(binding.inputs["positions"])
-        tokens, proj = len(binding.inputs["token_chars"]), self.info.token_dim
-        shapes = {"layers": (self.info.num_layers, 2, positions, proj), "token_vectors": (tokens, proj)}
+        tokens, proj, layers = len(binding.inputs["token_chars"]), self.info.token_dim, self.info.num_layers
+        shapes = {"layers": (layers, 2, positions, proj), "lstm_layers": (layers - 1, 2, positions, proj),
+                  "token_layer": (positions, proj), "token_vectors": (tokens, proj)}  # fmt: skip
         binding.values = []
         for name in binding.outputs:
             kind = name.removesuffix("_next")
             shape = shapes.get(name) or (2, rows, proj if kind.startswith("h") else self.cell_dim)
             if shape not in self._zeros:
                 self._zeros[shape] = np.zeros(shape, np.float32)
-            binding.values.append(_Value(self._zeros[shape]))
+            device = self._zeros[shape]
+            if name in binding.bound:  # the copy from the device into the host memory bound
+                ctypes.memmove(binding.bound[name].data_ptr(), device.ctypes.data, device.nbytes)
+            binding.values.append(_Value(device))
 
 
 def null_engine(options: Path = FULL_OPTIONS, max_rows: int = 1024, token_cache: int = 50_000) -> Engine:
@@ -106,7 +126,7 @@ def null_engine(options: Path = FULL_OPTIONS, max_rows: int = 1024, token_cache:
 
     opt = load_options(options)
     manifest = {"num_layers": opt.num_output_layers, "output_dim": opt.output_dim, "architecture": opt.to_dict(),
-                "graph_version": 8}  # fmt: skip
+                "graph_version": 9}  # fmt: skip
     graph = Graph(Path("null.onnx"), "window", "fp32", WINDOW, {"file": "null.onnx"})
     info = ModelInfo(manifest, opt.num_output_layers, opt.output_dim, opt.max_chars, opt.proj_dim, (graph,),
                      BilmTfMapping(opt.max_chars))  # fmt: skip
@@ -138,11 +158,14 @@ def stream(packed: PackedRows, sentences: list[list[str]], calls: int) -> tuple[
 
 def engine_host(rows: int, calls: int, sentences: list[list[str]]) -> dict:
     engine = null_engine(max_rows=rows)
-    packed = PackedRows(engine)
-    stream(packed, sentences, 3)  # the token cache warms, the zeros are made
-    warm_positions, warm_computed = packed.positions, packed.computed
+    packed = PackedRows(engine, prefetch=True)  # as elmo-embed runs it: the next call's feeds built beside a call
+    stream(packed, sentences, 3)  # the token cache warms, the pool's blocks and the device's buffers are made
+    allocated = _allocated_per_call(packed, sentences)
+    warm_positions, warm_computed, prepared = packed.positions, packed.computed, packed.prepare_s
     seconds, _, _ = stream(packed, sentences, calls)
     ms = 1e3 * float(np.median(seconds))
+    # the feeds of the next call are built while a call runs on the GPU: what is left is serial with it
+    serial_ms = 1e3 * (sum(seconds) - (packed.prepare_s - prepared)) / calls
     positions = (packed.computed - warm_computed) / calls  # computed per call, padding included
     real = (packed.positions - warm_positions) / calls
     gpu_ms = 1e3 * (real * 25 / 27) / YARDSTICK_TOKENS_PER_S[rows] if rows in YARDSTICK_TOKENS_PER_S else None
@@ -154,17 +177,48 @@ def engine_host(rows: int, calls: int, sentences: list[list[str]]) -> dict:
         "rows": rows,
         "host_ms_per_call": ms,
         "host_ms_p90": 1e3 * float(np.percentile(seconds, 90)),
+        "serial_ms_per_call": serial_ms,
+        "bytes_allocated_per_call": allocated,
         "positions_per_call": positions,
         "real_positions_per_call": real,
         "padding_efficiency": packed.efficiency,
         "yardstick_gpu_ms_per_call": gpu_ms,
         "host_share_of_gpu": ms / gpu_ms if gpu_ms else None,
+        "serial_share_of_gpu": serial_ms / gpu_ms if gpu_ms else None,
+        "output_blocks_made": engine._window.pool.allocated,
         "heaviest": [{"function": name, "seconds_in_5_calls": round(s, 4)} for s, name in heaviest],
     }
 
 
-def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, options: Path) -> dict:
-    """elmo-embed's embed_file with a null engine of `options`' shape."""
+def _allocated_per_call(packed: PackedRows, sentences: list[list[str]], calls: int = 4) -> int:
+    """Bytes newly allocated at the peak of a call in steady state (tracemalloc, which numpy reports to): the
+    median over `calls` calls."""
+    tracemalloc.start()
+    peaks = []
+    try:
+        for _ in range(calls):
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            stream(packed, sentences, 1)
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        tracemalloc.stop()
+    return int(np.median(peaks))
+
+
+def run_efficiency(batches: list[int], sentences: list[list[str]]) -> dict[int, float]:
+    """engine.run's padding efficiency on a finite batch of each size (the fixture sentences, repeated)."""
+    engine = null_engine()
+    out = {}
+    for n in batches:
+        engine.run([sentences[i % len(sentences)] for i in range(n)])
+        out[n] = engine.run_efficiency
+    return out
+
+
+def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, options: Path,
+                 dtype: str = "float32") -> dict:  # fmt: skip
+    """elmo-embed's embed_file with a null engine of `options`' shape, writing datasets of `dtype`."""
     from service.bulk import embed_file
 
     folder = Path(tempfile.mkdtemp(dir=out_dir or _tmpfs()))
@@ -172,14 +226,14 @@ def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, o
     text.write_text("".join(" ".join(sentences[i % len(sentences)]) + "\n" for i in range(count)))
     engine = null_engine(options)
     start = time.perf_counter()
-    stats = embed_file(engine, text, folder / "out.hdf5", batch_tokens=65536, progress=False)
+    stats = embed_file(engine, text, folder / "out.hdf5", batch_tokens=65536, progress=False, dtype=dtype)
     seconds = time.perf_counter() - start
     size = (folder / "out.hdf5").stat().st_size
     raw = _raw_write_seconds(folder / "raw.bin", size)
     for path in folder.iterdir():
         path.unlink()
     folder.rmdir()
-    return {"shape": options.parent.name if options.name == "options.json" else options.stem,
+    return {"shape": options.parent.name if options.name == "options.json" else options.stem, "dtype": dtype,
             "output_dim": engine.dim, "sentences": stats["sentences"], "tokens": stats["tokens"], "seconds": seconds,
             "tokens_per_s": stats["tokens"] / seconds, "output_bytes": size, "bytes_per_s": size / seconds,
             "raw_write_bytes_per_s": size / raw, "write_bound_tokens_per_s": stats["tokens"] / raw,
@@ -205,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="256,1024")
     parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--batches", default="1,32,256,1024", help="engine.run's batch sizes (padding efficiency)")
     parser.add_argument("--bulk-sentences", type=int, default=6000)
     parser.add_argument("--out-dir", type=Path, help="where elmo-embed writes (default: /dev/shm, else /tmp)")
     parser.add_argument("--out", type=Path, default=BUILD / "host")
@@ -213,21 +268,29 @@ def main(argv: list[str] | None = None) -> None:
     report = {"cpu": host_cpu(), "flags": cpu_flags(), "onnxruntime": ort.__version__, "engine": [], "bulk": None}
     for rows in (int(r) for r in args.rows.split(",")):
         report["engine"].append(engine_host(rows, args.calls, sentences))
+    report["run_efficiency"] = run_efficiency([int(b) for b in args.batches.split(",")], sentences)
     # the embedded default model's shape (output dim 256), and the full size (1024: 12 KB of output per token, which
-    # a machine's memory or disk may not take at this rate: the bytes written per second are printed beside it)
-    report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, options)
-                      for options in (ROOT / "models" / "default" / "options.json", FULL_OPTIONS)]  # fmt: skip
+    # a machine's memory or disk may not take at this rate: the bytes written per second are printed beside it),
+    # in float32 and float16
+    shapes = [(ROOT / "models" / "default" / "options.json", "float32"), (FULL_OPTIONS, "float32"),
+              (FULL_OPTIONS, "float16")]  # fmt: skip
+    report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, o, d) for o, d in shapes]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host.json").write_text(json.dumps(report, indent=2) + "\n")
+    _print(report)
+
+
+def _print(report: dict) -> None:
     print(f"host work around the GPU, null session; {report['cpu']}; {report['flags']}; full-size shape")
-    print("| rows | host ms per call (p90) | positions per call | padding efficiency | GPU ms at the yardstick "
-          "| share | goal |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| rows | host ms per call (p90) | serial ms after overlap | bytes allocated per call | positions per call "
+          "| padding efficiency | GPU ms at the yardstick | share (serial) | goal |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for e in report["engine"]:
         gpu = f"{e['yardstick_gpu_ms_per_call']:.1f}" if e["yardstick_gpu_ms_per_call"] else "n/a"
-        share = f"{e['host_share_of_gpu']:.3f}" if e["host_share_of_gpu"] else "n/a"
+        share = f"{e['host_share_of_gpu']:.3f} ({e['serial_share_of_gpu']:.3f})" if e["host_share_of_gpu"] else "n/a"
         print(
-            f"| {e['rows']} | {e['host_ms_per_call']:.2f} ({e['host_ms_p90']:.2f}) | {e['positions_per_call']:.0f} | "
+            f"| {e['rows']} | {e['host_ms_per_call']:.2f} ({e['host_ms_p90']:.2f}) | {e['serial_ms_per_call']:.2f} | "
+            f"{e['bytes_allocated_per_call'] / 1e6:.2f} MB | {e['positions_per_call']:.0f} | "
             f"{e['padding_efficiency']:.4f} | {gpu} | {share} | < {HOST_SHARE_GOAL} |"
         )
     for e in report["engine"]:
@@ -235,11 +298,14 @@ def main(argv: list[str] | None = None) -> None:
             f"  {e['rows']} rows, heaviest: "
             + ", ".join(f"{h['function']} {h['seconds_in_5_calls']}s" for h in e["heaviest"])
         )
+    efficiencies = ", ".join(f"{n} sentences {eff:.3f}" for n, eff in report["run_efficiency"].items())
+    print(f"engine.run padding efficiency (fixture sentences): {efficiencies}; goal >= 0.85 from 32")
     for b in report["bulk"]:
         print(
-            f"elmo-embed with a null engine, {b['shape']} (output dim {b['output_dim']}): {b['tokens_per_s']:,.0f} "
-            f"tokens/s ({b['sentences']} sentences, {b['tokens']} tokens, {b['seconds']:.2f} s; "
-            f"{b['bytes_per_s'] / 1e9:.2f} GB/s of hdf5 into {b['folder']}); goal >= {BULK_GOAL:,}"
+            f"elmo-embed with a null engine, {b['shape']} (output dim {b['output_dim']}, {b['dtype']}): "
+            f"{b['tokens_per_s']:,.0f} tokens/s ({b['sentences']} sentences, {b['tokens']} tokens, "
+            f"{b['seconds']:.2f} s; {b['output_bytes'] / 1e6:.0f} MB, {b['bytes_per_s'] / 1e9:.2f} GB/s of hdf5 into "
+            f"{b['folder']}); goal >= {BULK_GOAL:,}"
         )
         print(
             f"  the machine's bound there: one plain write of the same {b['output_bytes'] / 1e6:.0f} MB at "

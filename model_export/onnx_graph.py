@@ -467,8 +467,9 @@ def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onn
              row continues from (read only where resets[:, 0] is false); h0 .. h{L-1} float32 (2, S, P) and
              c0 .. c{L-1} (2, S, C): the state the previous call left in its S rows (directions first);
              positions int64 (N,): flat indices b * W + t of the positions whose vectors come back.
-    Outputs: layers float32 (L+1, 2, N, P) at `positions` (layer 0 is the token vectors; the backward ones at
-             the reversed positions the row read); h0_next .. (2, B, P), c0_next .. (2, B, C): each row's state
+    Outputs: lstm_layers float32 (L, 2, N, P) at `positions` (the backward ones at the reversed positions the
+             row read); token_layer float32 (N, P): layer 0, the token vectors at `positions` (the same in both
+             halves: the host writes it twice); h0_next .. (2, B, P), c0_next .. (2, B, C): each row's state
              after its last position, for the next call's `source`; token_vectors float32 (U, P).
 
     Positions after a row's last sentence compute numbers that nothing reads: not `positions`, and not the
@@ -514,10 +515,18 @@ def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onn
 
     graph_inputs.append(helper.make_tensor_value_info("positions", TensorProto.INT64, ["positions"]))
     axis0 = g.const([0], "axis0", i64)
-    stacked = g.op("Concat", *[g.op("Unsqueeze", x, axis0) for x in layers], axis=0)  # (L+1, 2, B, W, P)
-    flat = g.op("Reshape", stacked, g.const([opt.num_output_layers, 2, -1, proj], "per_layer", i64))
-    g.op("Gather", flat, "positions", axis=2, out=["layers"])
-    graph_outputs.append(helper.make_tensor_value_info("layers", f32, [opt.num_output_layers, 2, "positions", proj]))
+    # layer 0 is the token vector, the same in both halves of a position: returned once (the forward one), and
+    # the host writes both halves, so a third less comes back per call than with both directions' copies
+    forward = g.op("Gather", x, g.const(0, "forward", i64), axis=0)  # (B, W, P)
+    tokens_flat = g.op("Reshape", forward, g.const([-1, proj], "per_position", i64))
+    g.op("Gather", tokens_flat, "positions", axis=0, out=["token_layer"])
+    lstm = layers[1:]  # stacked: (L, 2, B, W, P)
+    stacked = g.op("Concat", *[g.op("Unsqueeze", x, axis0) for x in lstm], axis=0) if len(lstm) > 1 \
+        else g.op("Unsqueeze", lstm[0], axis0)  # fmt: skip
+    flat = g.op("Reshape", stacked, g.const([len(lstm), 2, -1, proj], "per_layer", i64))
+    g.op("Gather", flat, "positions", axis=2, out=["lstm_layers"])
+    graph_outputs.append(helper.make_tensor_value_info("lstm_layers", f32, [len(lstm), 2, "positions", proj]))
+    graph_outputs.append(helper.make_tensor_value_info("token_layer", f32, ["positions", proj]))
     graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", proj]))
     return _model(g, "elmo_bilm_window", graph_inputs, graph_outputs, ms_domain=False)
 
@@ -552,11 +561,15 @@ def _window_layer(p: _Precision, opt, pair, x: str, reset: list[str], window: in
     h = g.op("Gather", f"h{k}", "source", axis=1)  # (2, B, P)
     c = g.op("Gather", f"c{k}", "source", axis=1)
     step_axis, outputs = g.const([2], "axis2", i64), []
-    split = g.const([3 * cells, cells], "sig_tanh", i64)
+    # the three sigmoid gates and the cell input as two Slices, not an unequal Split: CUDA's Split stages its
+    # pointers and sizes with small host-to-device copies at every call (a Slice has static bounds)
+    starts, middle = g.const([0], "at0", i64), g.const([3 * cells], "at3c", i64)
+    ends = g.const([4 * cells], "at4c", i64)
     for t in range(window):
         h, c = g.op("Where", reset[t], h0, h), g.op("Where", reset[t], c0, c)
         gates = g.op("Add", g.op("Squeeze", steps[t], step_axis), p.up(g.op("MatMul", p.down(h), weights[0])))
-        sigmoid, j = g.op("Split", gates, split, axis=2, outputs=2)
+        sigmoid = g.op("Slice", gates, starts, middle, step_axis)
+        j = g.op("Slice", gates, middle, ends, step_axis)
         i, f, o = g.op("Split", g.op("Sigmoid", sigmoid), axis=2, outputs=3)
         c = g.op("Add", g.op("Mul", f, c), g.op("Mul", i, g.op("Tanh", j)))
         if opt.cell_clip:

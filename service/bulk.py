@@ -147,8 +147,10 @@ def embed_file(
     progress: bool = True,
     shard: Shard = ALL_LINES,
     output: Output = ALL_LAYERS,
+    dtype: str = "float32",
 ) -> dict:
-    """Embed every line of input_path (of the shard) into output_path; returns counts and timing.
+    """Embed every line of input_path (of the shard) into output_path, each dataset of `dtype` (float32, or
+    float16: half the bytes); returns counts and timing.
 
     Four threads, so that the engine never waits on the file system, the parser or the copies: a reader parses
     the next chunks and plans their batches (at most READ_AHEAD_CHUNKS ahead), this thread runs the engine, an
@@ -168,8 +170,12 @@ def embed_file(
     finished: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     assembled: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     reader = _Stage(stop, _read_ahead, input_path, shard, batch_tokens, planned, stop)
-    assembler = _Stage(stop, _assemble, finished, assembled, stop)
-    writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output)
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype {dtype!r}: float32 or float16")
+    # The layers stay float32 until the writer has selected them, so that --average averages float32 numbers
+    # (as allennlp) and a float16 dataset is rounded once.
+    assembler = _Stage(stop, _assemble, finished, assembled, stop, np.dtype(np.float32))
+    writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype))
     stages = (reader, assembler, writer)
     try:
         for stage in stages:
@@ -211,7 +217,7 @@ def _embed_packed(engine: Engine, planned: queue.Queue, finished: queue.Queue, s
     """The window graph: every chunk's sentences through one set of packed rows (service/engine/packing.py), as
     the service runs them, so rows are refilled across chunks and only the file's end is padding. A chunk goes to
     the writer once all its sentences have (chunks in order: a repeated sentence keeps its last line)."""
-    packed = PackedRows(engine)
+    packed = PackedRows(engine, prefetch=True)  # the next call's feeds built while this one runs
     enough = 3 * engine.max_rows  # more waiting than a call can start: no row goes empty while lines remain
     chunks: deque[list] = deque()  # chunks admitted, oldest first, each with its count of sentences unfinished
     reading = True
@@ -322,19 +328,26 @@ def _until(stop: threading.Event, lines: Iterator) -> Iterator:
         yield line
 
 
-def _assemble(finished: queue.Queue, assembled: queue.Queue, stop: threading.Event) -> None:
-    """Assembler stage: each finished batch's layers as contiguous arrays (a packed sentence's put together from
-    its pieces); chunks and the end pass through in order."""
+def _assemble(finished: queue.Queue, assembled: queue.Queue, stop: threading.Event, dtype: np.dtype) -> None:
+    """Assembler stage: each finished batch's layers as contiguous arrays of `dtype` (a packed sentence's put
+    together from its pieces, rounded as it is written there); chunks and the end pass through in order."""
     while (item := _get(finished, stop)) is not _END:
         if not isinstance(item, list):  # a batch: (line indexes, layers)
             lines, layers = item
-            item = (lines, [np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x.result() for x in layers])
+            item = (lines, [np.ascontiguousarray(x, dtype) if isinstance(x, np.ndarray) else x.result(dtype)
+                            for x in layers])  # fmt: skip
         _put(assembled, item, stop)
     _put(assembled, _END, stop)
 
 
 def _write_behind(
-    partial: Path, finished: queue.Queue, stop: threading.Event, bar: tqdm, started: float, output: Output
+    partial: Path,
+    finished: queue.Queue,
+    stop: threading.Event,
+    bar: tqdm,
+    started: float,
+    output: Output,
+    dtype: np.dtype,
 ):
     """Writer stage: one dataset per line of each finished batch, then, at _END, sentence_to_index. Returns the
     sentences and tokens written. With sentence keys, each dataset is written under its line index in a group
@@ -361,7 +374,8 @@ def _write_behind(
             for line_index, layers in zip(*item, strict=True):
                 if stop.is_set():  # another stage failed: this file is about to be removed
                     raise _Stopped
-                write(f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index), output.select(layers))
+                name = f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index)
+                write(name, np.ascontiguousarray(output.select(layers), dtype))
         bar.update(bar.total - bar.n)  # the other shards' lines after this shard's last one
         if output.sentence_keys:
             for text, line_index in sentence_to_index.items():
@@ -374,13 +388,14 @@ def _write_behind(
 
 
 def _dataset_writer(out: h5py.File):
-    """write(name, array): one float32 dataset, through h5py's low-level calls (the high-level create_dataset
-    spends several times longer per dataset in Python, and a file holds one dataset per line)."""
+    """write(name, array): one float32 (or float16) dataset, through h5py's low-level calls (the high-level
+    create_dataset spends several times longer per dataset in Python, and a file holds one dataset per line)."""
     spaces: dict[tuple, h5py.h5s.SpaceID] = {}
 
-    def write(name: str, array: np.ndarray) -> None:  # a contiguous float32 array (`_assemble`)
+    def write(name: str, array: np.ndarray) -> None:  # a contiguous float32 or float16 array (`_assemble`)
         space = spaces.get(array.shape) or spaces.setdefault(array.shape, h5py.h5s.create_simple(array.shape))
-        dataset = h5py.h5d.create(out.id, name.encode(), h5py.h5t.IEEE_F32LE, space)
+        kind = h5py.h5t.IEEE_F16LE if array.dtype == np.float16 else h5py.h5t.IEEE_F32LE
+        dataset = h5py.h5d.create(out.id, name.encode(), kind, space)
         dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
 
     return write

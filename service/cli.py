@@ -64,6 +64,12 @@ def _embed_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cuda-graphs", action="store_true", help="capture each batch shape as a CUDA graph")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float16"],
+        help="the datasets' type: float16 halves the file (each number rounded once; docs/gpu.md gives the error)",
+    )
+    parser.add_argument(
         "--shard",
         type=_shard,
         default=ALL_LINES,
@@ -142,6 +148,7 @@ def embed_main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             shard=args.shard,
             output=args.output_kind,
+            dtype=args.dtype,
         )
     except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
         print(f"elmo-embed: {err}", file=sys.stderr)

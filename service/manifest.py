@@ -16,9 +16,10 @@ MANIFEST = "manifest.json"
 # 7: the manifest's token_mapping (an ELMoForManyLangs export reads other ids, which an engine of version 6 would
 # feed bytes to). 8: the window graph packs sentences into rows (resets, source) with both directions batched.
 # Exports of versions 6 and 7 hold the same Loop graph (6: with the published byte mapping), still served; their
-# window graphs are not (`WINDOW_GRAPH_VERSION`).
-GRAPH_VERSION = 8
-READABLE_GRAPH_VERSIONS = (6, 7, 8)
+# window graphs are not (`WINDOW_GRAPH_VERSION`). 9: the window graph returns layer 0 once (`token_layer`) and
+# slices its gates instead of an unequal Split; the engine still feeds an export of version 8's window graph.
+GRAPH_VERSION = 9
+READABLE_GRAPH_VERSIONS = (6, 7, 8, 9)
 WINDOW_GRAPH_VERSION = 8
 
 

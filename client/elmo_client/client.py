@@ -276,14 +276,17 @@ class Client(_Base):
         unit_length: bool | None = None,
         truncate: bool | None = None,
         model: str | None = None,
+        dtype: str | None = None,
     ) -> list[np.ndarray]:
         """One float32 array per sentence, of the server's shape: mix (n_tokens, dim), output="layers"
         (len(layers), n_tokens, dim), mixes (n_mixes, n_tokens, dim); pooling="mean" drops the token axis.
         Options left None take the server's defaults (see the /embed table of the README); `model`: one of the
-        server's models (`models()`), None: its default."""
+        server's models (`models()`), None: its default; `dtype="float16"`: float16 arrays, half the bytes over
+        the wire (each number rounded once by the server)."""
         options = _options(
             output=output, weights=weights, gamma=gamma, normalize=normalize, layer_norm=layer_norm,
             layers=layers, pooling=pooling, mixes=mixes, unit_length=unit_length, truncate=truncate, model=model,
+            dtype=dtype,
         )  # fmt: skip
         return [item.embedding for item in self.embed_items(sentences, **options)]
 
@@ -389,11 +392,13 @@ class AsyncClient(_Base):
         unit_length: bool | None = None,
         truncate: bool | None = None,
         model: str | None = None,
+        dtype: str | None = None,
     ) -> list[np.ndarray]:
         """As Client.embed."""
         options = _options(
             output=output, weights=weights, gamma=gamma, normalize=normalize, layer_norm=layer_norm,
             layers=layers, pooling=pooling, mixes=mixes, unit_length=unit_length, truncate=truncate, model=model,
+            dtype=dtype,
         )  # fmt: skip
         return [item.embedding for item in await self.embed_items(sentences, **options)]
 

@@ -54,10 +54,14 @@ def answer(content: bytes, content_type: str) -> dict:
 
 
 def decode(item: dict) -> np.ndarray:
-    """An answer item's embedding as a writable float32 array of the item's `shape`."""
+    """An answer item's embedding as a writable array of the item's `shape`: float32, or float16 where the
+    request asked for `dtype` float16 (the item's `dtype` then says so, and an .npz member is float16)."""
     embedding = item["embedding"]
     if isinstance(embedding, np.ndarray):
-        array = embedding.astype(np.float32, copy=not embedding.flags.writeable)
+        kind = np.float16 if embedding.dtype.itemsize == 2 else np.float32
+        array = embedding.astype(kind, copy=not embedding.flags.writeable)
     else:
-        array = np.frombuffer(base64.b64decode(embedding), dtype="<f4").astype(np.float32)
+        half = item.get("dtype") == "float16"
+        array = np.frombuffer(base64.b64decode(embedding), dtype="<f2" if half else "<f4")
+        array = array.astype(np.float16 if half else np.float32)
     return array.reshape(item["shape"])

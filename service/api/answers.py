@@ -3,8 +3,9 @@
 answer does not hold up every small request behind it.
 
 The .npz body is what `numpy.savez` writes (a zip of .npy files, stored uncompressed): `embedding_<index>.npy`, each
-item's float32 array (little-endian, of its `shape`), and `answer.json`, the JSON answer without the embeddings.
-`numpy.load` reads it as it is; elsewhere, any zip reader and a 10-line .npy header parser do."""
+item's float32 array (little-endian, of its `shape`; float16 where the request's `dtype` asks), and `answer.json`,
+the JSON answer without the embeddings. `numpy.load` reads it as it is; elsewhere, any zip reader and a 10-line .npy
+header parser do."""
 
 from __future__ import annotations
 
@@ -37,12 +38,12 @@ SEND_BYTES = 1 << 20  # a large answer goes out in parts of about this size
 
 
 class Base64:
-    """An array to be written as one base64 string of its little-endian float32 bytes, in C order."""
+    """An array to be written as one base64 string of its little-endian float32 (or float16) bytes, in C order."""
 
     __slots__ = ("array",)
 
     def __init__(self, array: np.ndarray):
-        self.array = np.ascontiguousarray(array, dtype="<f4")
+        self.array = np.ascontiguousarray(array, dtype="<f2" if array.dtype == np.float16 else "<f4")
 
     def text(self) -> str:
         return base64.b64encode(self.array.tobytes()).decode("ascii")
@@ -74,7 +75,8 @@ def npz_body(payload: dict) -> memoryview:
     items = []
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
         for item in payload["data"]:
-            array = np.ascontiguousarray(item["embedding"], dtype="<f4")
+            embedding = item["embedding"]  # float32, or float16 where the request asked for it
+            array = np.ascontiguousarray(embedding, dtype="<f2" if embedding.dtype == np.float16 else "<f4")
             with npz.open(f"embedding_{item['index']}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, array, allow_pickle=False)
             items.append({key: value for key, value in item.items() if key != "embedding"})

@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 from fastapi import APIRouter, Request
 
 from service.api import tracing
@@ -32,6 +33,9 @@ async def embed(body: EmbedRequest, request: Request):
     model = model_named(request, body.model)
     npz = wants_npz(request.headers.get("accept", ""))
     encoding = "npz" if npz else body.encoding
+    if body.dtype == "float16" and encoding == "float":  # JSON numbers have no width to halve
+        raise InvalidRequest('float16 only with "encoding": "base64" or an .npz answer (Accept: application/x-npz)',
+                             "dtype")  # fmt: skip
     output = requested_output(body, model.num_layers)
     sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, model.language)
     pooled, smaller = body.pooling == "mean", "" if npz else '"encoding": "base64", '  # .npz: the smallest already
@@ -113,8 +117,11 @@ def embed_answer(
         single_mix = body.mixes is None
         out = compose(layers.result(), body.output, output.layer_ids, output.mixes, body.pooling, single_mix,
                       body.unit_length)  # fmt: skip
+        half = {}
+        if body.dtype == "float16":  # rounded once, after the mix and pooling: half the bytes
+            out, half = out.astype(np.float16), {"dtype": "float16"}
         embedding = Base64(out) if encoding == "base64" else out
-        data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **cut})
+        data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **half, **cut})
     return {
         "model": model.name,
         "dim": model.dim,

@@ -69,6 +69,11 @@ class EmbedRequest(Mix):
     )
     pooling: Literal["none", "mean"] = Field("none", description='"mean" averages over the tokens')
     encoding: Literal["float", "base64"] = Field("float", description="base64: little-endian float32, C order")
+    dtype: Literal["float32", "float16"] = Field(
+        "float32",
+        description="float16: half the bytes, each number rounded once (base64 or the .npz answer only; the error "
+        "on the default model is in the docs' GPU page)",
+    )
     mixes: list[Mix] | None = Field(
         None, fail_fast=True, min_length=1, max_length=MAX_OUTPUTS, description="several mixes at once: one per entry"
     )
@@ -89,6 +94,7 @@ class EmbeddingItem(BaseModel):
     tokens: list[str]
     embedding: list | str = Field(..., description="nested lists of shape `shape`, or one base64 string")
     shape: list[int]
+    dtype: Literal["float16"] | None = Field(None, description='with dtype "float16": the base64 bytes are float16')
     truncated: bool | None = Field(None, description="with `truncate`: whether the sentence was cut to the limit")
     original_tokens: int | None = Field(None, description="with `truncate`: the sentence's tokens before the cut")
 

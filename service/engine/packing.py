@@ -15,6 +15,8 @@ the CPU, alone, packed, or in any row).
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
@@ -33,7 +35,8 @@ class Sentence:
 
     def __init__(self, tag: object, keys: list[Hashable]):
         self.tag, self.keys = tag, keys  # the caller's tag, to route the result
-        self.pieces: list[tuple[int, int, np.ndarray, int]] = []  # first position, positions, a call's layers, at
+        # first position, positions, the call's token layer (N, P) and LSTM layers (L, 2, N, P), at
+        self.pieces: list[tuple[int, int, np.ndarray, np.ndarray, int]] = []
         self.done = 0  # positions computed
 
     @property
@@ -49,23 +52,40 @@ class Sentence:
     def finished(self) -> bool:
         return self.done == len(self.keys)
 
-    def result(self) -> np.ndarray:
+    def result(self, dtype=np.float32) -> np.ndarray:
         """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it: the forward half at the
-        positions read, the backward half at the positions the sentence reversed read."""
-        first_layers = self.pieces[0][2]
-        half, length = first_layers.shape[-1], len(self.keys)
-        out = np.empty((first_layers.shape[0], length - 2, 2 * half), np.float32)  # position p at p - 1
-        for first, n, layers, q in self.pieces:  # layers: (L+1, 2, N, P) of the call
+        positions read, the backward half at the positions the sentence reversed read; layer 0 (the token vector,
+        the same in both halves) written twice from the one copy the graph returns. `dtype` float16 halves the
+        bytes of those who ask for it (the numbers rounded once, here)."""
+        first_lstm = self.pieces[0][3]
+        half, length = first_lstm.shape[-1], len(self.keys)
+        out = np.empty((first_lstm.shape[0] + 1, length - 2, 2 * half), dtype)  # position p at p - 1
+        for first, n, token_layer, lstm, q in self.pieces:  # lstm: (L, 2, N, P) of the call
             # forward: positions first .. first+n-1; backward: the sentence reversed read them, so it computed
             # positions end-n .. end-1 (end = length - first), last first
             lo, hi = max(first, 1), min(first + n, length - 1)
             if lo < hi:
-                out[:, lo - 1 : hi - 1, :half] = layers[:, 0, q + lo - first : q + hi - first]
+                out[0, lo - 1 : hi - 1, :half] = token_layer[q + lo - first : q + hi - first]
+                out[1:, lo - 1 : hi - 1, :half] = lstm[:, 0, q + lo - first : q + hi - first]
             end = length - first
             lo, hi = max(end - n, 1), min(end, length - 1)
             if lo < hi:
-                out[:, lo - 1 : hi - 1, half:] = layers[:, 1, q : q + n][:, ::-1][:, lo - end + n : hi - end + n]
+                out[1:, lo - 1 : hi - 1, half:] = lstm[:, 1, q : q + n][:, ::-1][:, lo - end + n : hi - end + n]
+        out[0, :, half:] = out[0, :, :half]
         return out
+
+
+def finite_rows(positions: int, window: int, multiple: int, max_rows: int) -> int:
+    """The rows to run a finite batch of `positions` positions (boundaries included) on: enough for about
+    FINITE_CALLS calls, so that only the last call or two of each row are partly padding, in multiples of
+    `multiple` (the rows a call is fed as), at most `max_rows`."""
+    rows = -(-positions // (window * FINITE_CALLS))
+    return max(multiple, min(max_rows, -(-rows // multiple) * multiple))
+
+
+# Calls a finite batch's rows are sized for: more calls, less padding at the rows' ends (fewer rows run longer),
+# but each call has fewer rows to spread over a GPU.
+FINITE_CALLS = 8
 
 
 class PackedRows:
@@ -73,9 +93,12 @@ class PackedRows:
     `step` runs one call (engine.call_packed) and returns the sentences it finished. Not thread-safe: one thread
     drives it."""
 
-    def __init__(self, engine, max_rows: int | None = None):
+    def __init__(self, engine, max_rows: int | None = None, prefetch: bool = False):
         self.engine, self.window = engine, engine.window
         self.max_rows = max_rows or engine.max_rows
+        self.prefetch = prefetch  # `step`: the next call's feeds built while this one runs
+        self.ahead: tuple[list[list[Segment]], object] | None = None  # with prefetch: the next call, prepared
+        self.prepare_s = 0.0  # with prefetch: host seconds spent building feeds (beside the calls, on a GPU)
         self.rows: list[Sentence | None] = []  # per row of the last call: the sentence that continues in it
         self.waiting: deque[Sentence] = deque()
         self.positions = 0  # sentences' own positions computed, over every call
@@ -90,12 +113,14 @@ class PackedRows:
     @property
     def busy(self) -> bool:
         """Whether any sentence is in flight."""
-        return bool(self.rows or self.waiting)
+        return bool(self.rows or self.waiting or self.ahead)
 
     @property
     def in_flight(self) -> list[Sentence]:
-        """Every sentence not finished: those in a row, then those waiting."""
-        return [s for s in self.rows if s is not None] + list(self.waiting)
+        """Every sentence not finished: those of a call prepared ahead (`prefetch`), those in a row, then those
+        waiting."""
+        ahead = self._finished(self.ahead[0]) if self.ahead else []
+        return ahead + [s for s in self.rows if s is not None] + list(self.waiting)
 
     @property
     def pending_positions(self) -> int:
@@ -118,7 +143,7 @@ class PackedRows:
     def clear(self) -> list[Sentence]:
         """Take every sentence out of flight (after a failed call: their state is unknown), and return them."""
         every = self.in_flight
-        self.rows, self.waiting = [], deque()
+        self.rows, self.waiting, self.ahead = [], deque(), None
         return every
 
     def plan(self) -> tuple[list[list[Segment]], list[int]]:
@@ -158,23 +183,77 @@ class PackedRows:
         return rows, source, taken
 
     def step(self) -> list[Sentence]:
-        """Run the next call; the sentences it finished (no longer in flight)."""
+        """Run the next call; the sentences it finished (no longer in flight). With `prefetch`, the call after it
+        is planned and its feeds built on another thread while this one runs (ONNX Runtime lets go of the
+        interpreter while it runs): sentences admitted after a step join the call after the next."""
+        if self.prefetch:
+            return self._step_ahead()
         rows, source, taken = self._plan()
         if not rows:
             self.rows = []
             return []
         padded_rows = self.engine.call_packed(rows, source)
+        self._advance(rows, taken)
+        self._count(rows, padded_rows)
+        return self._finished(rows)
+
+    def _advance(self, rows: list[list[Segment]], taken: int) -> None:
+        """The bookkeeping past a call of `rows`: its sentences started, their positions done, what continues."""
         for _ in range(taken):  # started now: in a row from here on
             self.waiting.popleft()
-        self.segments = sum(map(len, rows))
-        self.positions += sum(n for row in rows for _, _, n in row)
-        self.computed += padded_rows * self.window
-        finished = []
         for row in rows:
-            for sentence, _, _ in row:
-                if sentence.finished:
-                    finished.append(sentence)
+            for sentence, first, n in row:
+                sentence.done = first + n
         self.rows = [None if row[-1][0].finished else row[-1][0] for row in rows]
         if not any(self.rows):  # nothing continues: the next call starts afresh
             self.rows = []
-        return finished
+
+    def _count(self, rows: list[list[Segment]], padded_rows: int) -> None:
+        self.segments = sum(map(len, rows))
+        self.positions += sum(n for row in rows for _, _, n in row)
+        self.computed += padded_rows * self.window
+
+    @staticmethod
+    def _finished(rows: list[list[Segment]]) -> list[Sentence]:
+        """The sentences a call of `rows` finishes (by its segments, not by `done`: with prefetch the next call's
+        bookkeeping has moved on already)."""
+        return [sentence for row in rows for sentence, first, n in row if first + n == sentence.length]
+
+    def _prepare_next(self) -> None:
+        """Plan the next call, move the bookkeeping past it and build its feeds (`self.ahead`)."""
+        start = time.perf_counter()
+        rows, source, taken = self._plan()
+        if rows:
+            self._advance(rows, taken)
+            self.ahead = (rows, self.engine.prepare_packed(rows, source))
+        else:
+            self.rows, self.ahead = [], None
+        self.prepare_s += time.perf_counter() - start
+
+    def _step_ahead(self) -> list[Sentence]:
+        if self.ahead is None:
+            self._prepare_next()  # the first call (or the first after the rows ran dry) is prepared here
+        if self.ahead is None:
+            return []
+        rows, prepared = self.ahead
+        self.ahead = None
+        failure: list[BaseException] = []
+
+        def prepare() -> None:
+            try:
+                self._prepare_next()
+            except BaseException as err:  # raised on the engine's thread, after its call
+                failure.append(err)
+
+        worker = threading.Thread(target=prepare, name="elmo-prepare") if self.rows or self.waiting else None
+        if worker is not None:
+            worker.start()
+        try:
+            padded_rows = self.engine.run_prepared(prepared)
+        finally:
+            if worker is not None:
+                worker.join()
+        if failure:
+            raise failure[0]
+        self._count(rows, padded_rows)
+        return self._finished(rows)

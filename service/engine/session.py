@@ -14,13 +14,15 @@ biLM was trained, and the boundary positions are cut off again before the vector
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from service.engine.feeds import Window, bucket, encode_windows, place, sentence_keys, token_inputs
-from service.engine.packing import PackedRows, Segment
+from service.engine.host_pool import HostPool, cudart, numpy_allocator, pinned_allocator
+from service.engine.packing import PackedRows, Segment, finite_rows
 from service.engine.providers import check_single_runtime, open_graph, session_options
 from service.engine.token_cache import TokenCache
 from service.manifest import read_manifest
@@ -84,11 +86,17 @@ class Engine:
     def run(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Each sentence's layers, (num_layers, n_tokens, dim) float32, boundary tokens removed."""
         if self.window:
-            packed, results = PackedRows(self), [None] * len(sentences)
-            packed.admit(sentences, range(len(sentences)))
+            # a finite batch packed into few enough rows that most calls are full (`finite_rows`), longest first
+            # (the rows end together); the numbers do not depend on the rows (packing.py)
+            order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+            positions = sum(len(s) + 2 for s in sentences)
+            rows = finite_rows(positions, self.window, self._window.row_multiple, self.max_rows)
+            packed, results = PackedRows(self, rows, prefetch=True), [None] * len(sentences)
+            packed.admit((sentences[i] for i in order), order)
             while packed.busy:
                 for sentence in packed.step():
                     results[sentence.tag] = sentence.result()
+            self.run_efficiency = packed.efficiency  # bench.host, bench.gpu
             return results
         results = []
         for first in range(0, len(sentences), self.max_rows):
@@ -123,6 +131,12 @@ class Engine:
         computed, from the model's initial state where its sentence starts, else from the state row `source[b]`
         of the last call left, and kept in its sentence as a view of this call's output. Returns the rows computed
         (the rows given, padded to the shapes the graph is fed in)."""
+        return self.run_prepared(self.prepare_packed(rows, source))
+
+    def prepare_packed(self, rows: list[list[Segment]], source: list[int]) -> Prepared:
+        """The host's side of `call_packed` before the graph runs: its feeds. Reads the sentences' keys and the
+        token cache only, so it may run (on another thread) while the previous call runs: a token that call
+        encodes is then encoded again here, the same bits."""
         window = self.window
         padded = self._window.rows(len(rows))
         # every position's key, forward and backward, row after row; a row's unused positions read the boundary
@@ -160,13 +174,17 @@ class Engine:
         feeds["positions"] = np.zeros(self._window.positions(len(positions), padded), np.int64)  # padding: 0
         feeds["positions"][: len(positions)] = positions
         fresh = all(segments[0][1] == 0 for segments in rows)  # no row continues: the state given is not read
-        layers, token_vectors = self._window.run(feeds, fresh)
-        self._cache(encoded, token_vectors)
-        q = 0
-        for segments in rows:
+        return Prepared(rows, feeds, encoded, fresh, padded)
+
+    def run_prepared(self, prepared: Prepared) -> int:
+        """Run a call prepared by `prepare_packed` (calls run in the order they were prepared: each continues
+        from the state the one before left); returns the rows computed."""
+        layers, token_vectors = self._window.run(prepared.feeds, prepared.fresh)
+        self._cache(prepared.encoded, token_vectors)
+        q, padded = 0, prepared.padded
+        for segments in prepared.rows:
             for sentence, first, n in segments:
-                sentence.pieces.append((first, n, layers, q))
-                sentence.done = first + n
+                sentence.pieces.append((first, n, *layers, q))  # its positions done: PackedRows counts them
                 q += n
         return padded
 
@@ -177,99 +195,183 @@ class Engine:
                 self.token_cache.put(key, token_vectors[row].copy())
 
 
+@dataclass
+class Prepared:
+    """A window call's feeds, built ahead of its run (`Engine.prepare_packed`)."""
+
+    rows: list[list[Segment]]
+    feeds: dict[str, np.ndarray]
+    encoded: dict
+    fresh: bool
+    padded: int
+
+
 class _WindowCalls:
-    """How the window graph is called: its inputs bound, and the state it continues from passed by reference,
-    on the device where there is one. With CUDA graphs (`fixed`), each shape of a call (at most CAPTURED_BUCKETS
-    shapes of up to CAPTURED_ROWS rows) runs with buffers at fixed addresses, as a captured graph
-    replays them, and its own graph id; its state goes to one of a pair of buffers of its size, the one the call
-    does not read. On the CPU the same buffers run without a capture (tests)."""
+    """How the window graph is called: its inputs bound, the state it continues from passed by reference, on the
+    device where there is one, and its outputs written once into a block of reused host memory (`HostPool`:
+    pinned on CUDA) that the sentences keep views of.
+
+    Uncaptured, the outputs are bound to views of a pooled block: ONNX Runtime writes them there (on CUDA, one copy
+    from the device into pinned memory), no array is allocated or filled with zeros for them. With CUDA graphs
+    (`fixed`), each bucket of a call (`rows`, `feeds.bucket` for tokens and positions) runs with its inputs and
+    outputs in device buffers at fixed addresses, as a captured graph replays them, shared between buckets of the
+    same shapes, and its own graph id; its outputs are then copied once into a pooled block. A bucket's key is its
+    shapes, the rows of the state it reads and which of that pair of state buffers it reads: the same from call
+    to call in steady traffic. On the CPU the same buffers run without a capture (tests)."""
 
     def __init__(self, engine: Engine, cuda_graphs: bool):
         self.engine, self.fixed = engine, cuda_graphs
         self.device, self.device_id = engine.device, engine._device_id
         self.state_names = list(engine.state_sizes)
         self.state = self._zeros(1)  # what the last call left (nothing yet: a row of zeros, never read)
+        self.state_key = (1, 0)  # its rows and which of their pair (the key of the call that reads it)
         self.pairs: dict[int, tuple[dict, dict]] = {}  # rows -> two state buffers of that many rows
-        self.bound: dict[tuple, tuple] = {}  # a captured bucket's fixed buffers, binding and graph id
+        self.bound: dict[tuple, tuple] = {}  # a captured bucket's binding and graph id
+        self.buffers: dict[tuple, tuple] = {}  # (name, shape) -> a device buffer and the array over it on the CPU
         self.options: dict[int | None, ort.RunOptions] = {}
+        outputs = {o.name for o in engine.session.get_outputs()}
+        # graph version 9 returns layer 0 once (`token_layer`); version 8 stacks it with the LSTM layers, both halves
+        self.outputs = SPLIT_OUTPUTS if "token_layer" in outputs else STACKED_OUTPUTS
+        cuda = self.device == "cuda"
+        self.row_multiple = CUDA_ROW_MULTIPLE if cuda else ROW_MULTIPLE
+        self.pool = HostPool(pinned_allocator() if cuda else numpy_allocator)
+        self._copy = _cuda_copy() if cuda else None
 
-    @staticmethod
-    def rows(n: int) -> int:
-        """The rows a call of `n` rows is fed as: a multiple of ROW_MULTIPLE, with or without CUDA graphs (the same
-        shapes, so the same products: the same bits either way)."""
-        return -(-n // ROW_MULTIPLE) * ROW_MULTIPLE
+    def rows(self, n: int) -> int:
+        """The rows a call of `n` rows is fed as, with or without CUDA graphs (the same shapes, so the same products:
+        the same bits either way): a multiple of `row_multiple`; with CUDA graphs a power of two (few buckets)."""
+        multiple = self.row_multiple
+        rows = -(-n // multiple) * multiple
+        return bucket(rows, multiple) if self.fixed else rows
 
     def positions(self, n: int, rows: int) -> int:
         return bucket(n, 16, rows * self.engine.window) if self.fixed else n
 
-    def _host_outputs(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        engine = self.engine
-        layers = np.empty((engine.num_layers, 2, len(feeds["positions"]), engine.info.token_dim), np.float32)
-        return layers, np.empty((len(feeds["token_chars"]), engine.info.token_dim), np.float32)
+    def _shapes(self, feeds: dict[str, np.ndarray]) -> list[tuple[str, tuple[int, ...]]]:
+        """Each output's name and shape (the state's aside)."""
+        info = self.engine.info
+        n, proj, tokens = len(feeds["positions"]), info.token_dim, len(feeds["token_chars"])
+        if self.outputs is SPLIT_OUTPUTS:
+            layers = [("lstm_layers", (info.num_layers - 1, 2, n, proj)), ("token_layer", (n, proj))]
+        else:
+            layers = [("layers", (info.num_layers, 2, n, proj))]
+        return [*layers, ("token_vectors", (tokens, proj))]
+
+    def _host_views(self, shapes: list[tuple[str, tuple[int, ...]]]) -> list[np.ndarray]:
+        """Views of one pooled block, one per output, in `shapes`' order."""
+        sizes = [int(np.prod(shape)) for _, shape in shapes]
+        block, at, views = self.pool.take(sum(sizes)), 0, []
+        for (_, shape), size in zip(shapes, sizes, strict=True):
+            views.append(block[at : at + size].reshape(shape))
+            at += size
+        return views
+
+    def _answer(self, views: list[np.ndarray]) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """(token layer (N, P), LSTM layers (L, 2, N, P)), token vectors: what `call_packed` keeps."""
+        if self.outputs is SPLIT_OUTPUTS:
+            lstm, token_layer, token_vectors = views
+        else:  # layer 0's backward half is its forward half at the same position: the forward one is kept
+            stacked, token_vectors = views
+            lstm, token_layer = stacked[1:], stacked[0, 0]
+        return (token_layer, lstm), token_vectors
 
     def _zeros(self, rows: int) -> dict[str, ort.OrtValue]:
         sizes = self.engine.state_sizes
         return {name: self._value(np.zeros((2, rows, sizes[name]), np.float32)) for name in self.state_names}
 
+    def _empty(self, rows: int) -> dict[str, ort.OrtValue]:
+        """State buffers that are written before they are read: allocated where they live, nothing uploaded."""
+        sizes = self.engine.state_sizes
+        return {name: self._buffer((2, rows, sizes[name]), np.float32)[0] for name in self.state_names}
+
+    def _buffer(self, shape: tuple[int, ...], dtype) -> tuple[ort.OrtValue, np.ndarray | None]:
+        """A buffer on the device, and on the CPU the array it is (to copy from without a second copy)."""
+        if self.device == "cpu":
+            array = np.empty(shape, dtype)
+            return ort.OrtValue.ortvalue_from_numpy(array), array
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.device, self.device_id), None
+
     def _value(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self.device, self.device_id)
 
-    def run(self, feeds: dict[str, np.ndarray], fresh: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Run the graph on `feeds`, continuing from the last call's state (unless `fresh`); the layers (L+1, 2,
-        N, P) at the positions asked for, and the token vectors."""
+    def run(self, feeds: dict[str, np.ndarray], fresh: bool) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """Run the graph on `feeds`, continuing from the last call's state (unless `fresh`); (the token layer
+        (N, P), the LSTM layers (L, 2, N, P)) at the positions asked for, and the token vectors: views of a pooled
+        host block."""
         session, rows = self.engine.session, len(feeds["source"])
+        shapes = self._shapes(feeds)
+        views = self._host_views(shapes)
         if not self.fixed:
             binding = session.io_binding()
             for name, array in feeds.items():
                 binding.bind_cpu_input(name, array)
             for name in self.state_names:
                 binding.bind_ortvalue_input(name, self.state[name])
-            # the layers and token vectors into arrays of our own, on the host: what the sentences keep views of
-            host = self._host_outputs(feeds)
-            for name, array in zip(LAYER_OUTPUTS, host, strict=True):
-                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+            for (name, _), view in zip(shapes, views, strict=True):  # written where the sentences read them
+                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(view))
             for name in self.state_names:
                 binding.bind_output(f"{name}_next", self.device, self.device_id)
             session.run_with_iobinding(binding, self._options(None))
             values = binding.get_outputs()
-            self.state = dict(zip(self.state_names, values[len(LAYER_OUTPUTS) :], strict=True))
-            return host
-        pair = self.pairs.get(rows) or self.pairs.setdefault(rows, (self._zeros(rows), self._zeros(rows)))
-        given = pair[1] if fresh else self.state  # a fresh call reads nothing: give it the buffer it does not write
-        written = pair[1] if given is pair[0] else pair[0]
-        key = (*(array.shape for array in feeds.values()), id(given))
-        captured = key in self.bound or (len(self.bound) < CAPTURED_BUCKETS and rows <= CAPTURED_ROWS)
-        if captured and key not in self.bound:
-            self.bound[key] = self._fixed_binding(feeds, given, written)
-        if captured:
-            inputs, binding, outputs, graph_id = self.bound[key]
-            for name, array in feeds.items():
-                inputs[name].update_inplace(array)
-        else:
-            inputs, binding, outputs, _ = self._fixed_binding(feeds, given, written)
-            graph_id = None
+            self.state = dict(zip(self.state_names, values[len(shapes) :], strict=True))
+            self.state_key = (rows, 0)
+            return self._answer(views)
+        pair = self.pairs.get(rows) or self.pairs.setdefault(rows, (self._empty(rows), self._empty(rows)))
+        # a fresh call reads nothing: give it the buffer it does not write (its own pair's second)
+        given_key = (rows, 1) if fresh else self.state_key
+        given = pair[1] if fresh else self.state
+        side = 1 if given is pair[0] else 0
+        key = (*(array.shape for array in feeds.values()), given_key, side)
+        if key not in self.bound and len(self.bound) < CAPTURED_BUCKETS:
+            self.bound[key] = self._fixed_binding(feeds, shapes, given, pair[side], len(self.bound) + 1)
+        inputs, binding, outputs, graph_id = self.bound.get(key) or self._fixed_binding(
+            feeds, shapes, given, pair[side], None
+        )
+        for name, array in feeds.items():
+            inputs[name].update_inplace(array)
         session.run_with_iobinding(binding, self._options(graph_id))
-        self.state = written
-        # copies of this call's outputs: the sentences keep views of them, and the buffers are written again
-        return tuple(np.array(value.numpy()) for value in outputs)
+        self.state, self.state_key = pair[side], (rows, side)
+        for (value, array), view in zip(outputs, views, strict=True):  # the one copy, into the pooled block
+            self._to_host(value, array, view)
+        return self._answer(views)
 
-    def _fixed_binding(self, feeds: dict[str, np.ndarray], given: dict, written: dict) -> tuple:
-        """Inputs copied to buffers of their own, the state bound by reference, outputs to buffers of their own."""
-        engine = self.engine
-        inputs = {name: self._value(array) for name, array in feeds.items()}
-        binding = engine.session.io_binding()
-        for name, value in inputs.items():
-            binding.bind_ortvalue_input(name, value)
+    def _to_host(self, value: ort.OrtValue, array: np.ndarray | None, view: np.ndarray) -> None:
+        if array is not None:  # the CPU: the buffer is an array of ours
+            np.copyto(view, array)
+        elif self._copy is not None:
+            self._copy(view, value)
+        else:  # no CUDA runtime library to call: ONNX Runtime's copy, then ours
+            np.copyto(view, value.numpy())
+
+    def _fixed_binding(self, feeds: dict, shapes: list, given: dict, written: dict, graph_id: int | None) -> tuple:
+        """Inputs and outputs in device buffers shared by every bucket of the same shapes, the state bound by
+        reference."""
+        binding = self.engine.session.io_binding()
+        inputs = {}
+        for name, array in feeds.items():
+            inputs[name] = self._shared(name, array.shape, array.dtype)[0]
+            binding.bind_ortvalue_input(name, inputs[name])
         for name in self.state_names:
             binding.bind_ortvalue_input(name, given[name])
-        layer_shape = (engine.num_layers, 2, len(feeds["positions"]), engine.info.token_dim)
-        outputs = [self._value(np.zeros(layer_shape, np.float32)),
-                   self._value(np.zeros((len(feeds["token_chars"]), engine.info.token_dim), np.float32))]  # fmt: skip
-        for name, value in zip(LAYER_OUTPUTS, outputs, strict=True):
+        outputs = [self._shared(name, shape, np.float32) for name, shape in shapes]
+        for (name, _), (value, _) in zip(shapes, outputs, strict=True):
             binding.bind_ortvalue_output(name, value)
         for name in self.state_names:
             binding.bind_ortvalue_output(f"{name}_next", written[name])
-        return inputs, binding, outputs, len(self.bound) + 1  # graph ids from 1: 0 is the default
+        return inputs, binding, outputs, graph_id
+
+    def _shared(self, name: str, shape: tuple[int, ...], dtype) -> tuple:
+        key = (name, tuple(shape), np.dtype(dtype).str)
+        if key not in self.buffers:
+            self.buffers[key] = self._buffer(tuple(shape), dtype)
+        return self.buffers[key]
+
+    @property
+    def captured_bytes(self) -> int:
+        """Device memory the buckets' fixed buffers hold (inputs, outputs and the state pairs)."""
+        held = sum(value.tensor_size_in_bytes() for value, _ in self.buffers.values())
+        return held + sum(v.tensor_size_in_bytes() for pair in self.pairs.values() for side in pair
+                          for v in side.values())  # fmt: skip
 
     def _options(self, graph_id: int | None) -> ort.RunOptions:
         """Run options, made once per graph id: with CUDA graphs the bucket's graph id (-1: run uncaptured)."""
@@ -281,6 +383,25 @@ class _WindowCalls:
         return self.options[graph_id]
 
 
+def _cuda_copy():
+    """copy(view, value): the device buffer `value` into the host array `view` in one cudaMemcpy (ONNX Runtime's
+    Python API has no copy into a given host buffer); None where the CUDA runtime library cannot be loaded."""
+    import ctypes
+
+    library = cudart()
+    if library is None:
+        return None
+    device_to_host = 2  # cudaMemcpyDeviceToHost
+
+    def copy(view: np.ndarray, value: ort.OrtValue) -> None:
+        err = library.cudaMemcpy(ctypes.c_void_p(view.ctypes.data), ctypes.c_void_p(value.data_ptr()),
+                                 ctypes.c_size_t(view.nbytes), device_to_host)  # fmt: skip
+        if err:
+            raise RuntimeError(f"cudaMemcpy from the device failed with error {err}")
+
+    return copy
+
+
 def _run_options() -> ort.RunOptions:
     """At the warning log level: the session was made at the verbose level to read its placement report."""
     options = ort.RunOptions()
@@ -288,11 +409,18 @@ def _run_options() -> ort.RunOptions:
     return options
 
 
-LAYER_OUTPUTS = ("layers", "token_vectors")
-# The window graph's rows are fed in multiples of this: few shapes, little padding, and no product of fewer rows
-# (ONNX Runtime's CPU kernels take another path for a row or two, which rounds otherwise).
-ROW_MULTIPLE = 8
-# CUDA graphs pay where kernel launches dominate, at few rows; each captured bucket keeps its own buffers (the layers
-# of 1024 rows are 200 MB on the full-size model), so only buckets of up to CAPTURED_ROWS rows are captured, and at
-# most CAPTURED_BUCKETS of them (the first ones seen); the rest run uncaptured.
-CAPTURED_ROWS, CAPTURED_BUCKETS = 64, 32
+# The window graph's outputs (the state's aside): graph version 9 returns layer 0 (the token vectors at the positions,
+# the same in both halves) once; version 8 returned it in both halves of a stack with the LSTM layers.
+SPLIT_OUTPUTS = ("lstm_layers", "token_layer", "token_vectors")
+STACKED_OUTPUTS = ("layers", "token_vectors")
+# The window graph's rows are fed in multiples of this on the CPU: ONNX Runtime's CPU MatMul takes another path for
+# one row, which rounds otherwise (2.1e-6 on the default model: not the bits of the same sentence in a batch);
+# from two rows on the bits are those of any batch (tests/service/engine/test_packing.py). On CUDA one sentence
+# runs on one row (batch independence on the device is checked by bench.gpu).
+ROW_MULTIPLE = 2
+CUDA_ROW_MULTIPLE = 1
+# With CUDA graphs, rows go in powers of two (8 .. max_rows) and tokens and positions in `bucket` sizes: few keys,
+# which steady traffic repeats. Buckets of the same shapes share their device buffers (the layers of 1024 rows are
+# 330 MB on the full-size model); at most CAPTURED_BUCKETS keys are captured (the first ones seen), the rest run
+# uncaptured on buffers of the same kind.
+CAPTURED_BUCKETS = 64

@@ -120,6 +120,19 @@ def test_the_npz_answer_where_offered_and_base64_where_not(server, sentences):
         np.testing.assert_array_equal(a, b)  # the same bits either way
 
 
+def test_float16_answers_over_npz_and_base64(server, sentences):
+    batch = sentences[:4]
+    with Client(server.url) as c:
+        full = c.embed(batch, output="layers")
+        half = c.embed(batch, output="layers", dtype="float16")
+        c._info = {k: v for k, v in c.info().items() if k != "answer_media_types"}  # base64 in JSON
+        half_b64 = c.embed(batch, output="layers", dtype="float16")
+    for f, h, b in zip(full, half, half_b64, strict=True):
+        assert h.dtype == np.float16 and b.dtype == np.float16 and h.flags.writeable
+        np.testing.assert_array_equal(h, f.astype(np.float16))
+        np.testing.assert_array_equal(b, h)
+
+
 def test_the_async_client_reads_the_npz_answer(server, sentences):
     async def embed():
         async with AsyncClient(server.url) as c:

@@ -142,6 +142,26 @@ def test_npz_answer_holds_the_very_numbers_of_json(client, sentences, options):
         np.testing.assert_array_equal(got, want)
 
 
+def test_float16_halves_the_bytes_of_base64_and_npz_and_rounds_each_number_once(client, sentences):
+    want = arrays(embed(client, sentences[:4], output="layers", encoding="base64"))
+    half = embed(client, sentences[:4], output="layers", encoding="base64", dtype="float16")
+    full = embed(client, sentences[:4], output="layers", encoding="base64")
+    for item, item32, w in zip(half["data"], full["data"], want, strict=True):
+        assert item["dtype"] == "float16" and "dtype" not in item32
+        got = np.frombuffer(base64.b64decode(item["embedding"]), "<f2").reshape(item["shape"])
+        np.testing.assert_array_equal(got, w.astype(np.float16))  # the float32 answer rounded once
+        assert len(base64.b64decode(item["embedding"])) * 2 == len(base64.b64decode(item32["embedding"]))
+    npz = npz_answer(client, sentences[:4], output="layers", dtype="float16")
+    for i, w in enumerate(want):
+        assert npz[f"embedding_{i}"].dtype == np.dtype("<f2")
+        np.testing.assert_array_equal(npz[f"embedding_{i}"], w.astype(np.float16))
+    # JSON numbers have no width to halve: refused, naming the field
+    response = client.post("/embed", json={"sentences": sentences[:1], "dtype": "float16"})
+    assert response.status_code == 422 and "dtype" in response.text
+    response = client.post("/embed", json={"sentences": sentences[:1], "dtype": "float64", "encoding": "base64"})
+    assert response.status_code == 422 and "dtype" in response.text
+
+
 def test_npz_answer_when_asked_for_only(client, sentences):
     for accept in ("application/json", "*/*", "application/x-npz;q=0", "application/json, application/x-npz;q=0.5"):
         response = client.post("/embed", json={"sentences": sentences[:1]}, headers={"accept": accept})

@@ -258,3 +258,27 @@ def test_on_the_window_graph_lines_stream_through_packed_rows_across_chunks(
     assert stats["sentences"] == len(lines) and sorted(got) == list(range(len(lines)))
     assert got_index == want_index and got_index[" ".join(sentences[0])] == str(len(lines) - len(sentences))
     assert max(float(np.abs(got[k] - want[k]).max()) for k in want) <= 1e-6
+
+
+def test_float16_output_halves_the_file_and_rounds_each_number_once(tiny_model_dir, engine, sentences, tmp_path):
+    # --dtype float16: the same vectors rounded once to float16 (both graphs), half the bytes of the float32 file
+    from service.engine.session import Engine
+
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(s) + "\n" for s in sentences * 4))
+    run = embed_cli(tiny_model_dir, source, tmp_path / "half.hdf5", "--dtype", "float16", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    embed_file(engine, source, tmp_path / "full.hdf5", batch_tokens=200, progress=False)
+    window = Engine(tiny_model_dir, provider="cpu", graph="window", max_rows=16)
+    embed_file(window, source, tmp_path / "window.hdf5", batch_tokens=200, progress=False, dtype="float16")
+    half, _ = read_embeddings(tmp_path / "half.hdf5")
+    full, _ = read_embeddings(tmp_path / "full.hdf5")
+    packed, _ = read_embeddings(tmp_path / "window.hdf5")
+    for k, want in full.items():
+        assert half[k].dtype == np.float16 and packed[k].dtype == np.float16
+        np.testing.assert_array_equal(half[k], want.astype(np.float16))  # rounded once, from the float32 numbers
+        assert float(np.abs(packed[k].astype(np.float32) - want).max()) <= 1e-5 + float(np.abs(want).max()) / 1024
+    data = sum(x.nbytes for x in full.values())
+    assert sum(x.nbytes for x in half.values()) == data // 2
+    sizes = [(tmp_path / name).stat().st_size for name in ("full.hdf5", "half.hdf5")]
+    assert sizes[1] < 0.6 * sizes[0]
