@@ -480,7 +480,14 @@ def train(
         state = trainer.state
         return {"finished": False, "out": str(out_dir)} | {k: state[k] for k in ("epoch", "batch", "step")}
     run = _Run(description, corpus, heldout, init, options, torch_device, precision)
-    return _finish(trainer, table, text, run)
+    log = _finish(trainer, table, text, run)
+    if release_to is not None and trainer.state["batch"] > 0:
+        # A step budget ended the run inside a pass (an --init continuation, a --steps run): no pass folder was
+        # written, and the finished run is what must outlive the machine; its state replaces the pass before's.
+        (out_dir / PASS_STATE).write_text(json.dumps(trainer.pass_state(), indent=1) + "\n")
+        copy_released(out_dir, release_to)
+        print(f"the finished run released to {release_to}", flush=True)
+    return log
 
 
 def _run_settings(

@@ -167,6 +167,24 @@ def test_each_pass_is_released_at_once_and_the_release_moves_no_random_state(cor
     assert run["history"]["epochs"] == plain["history"]["epochs"]
 
 
+def test_a_run_ended_by_its_step_budget_inside_a_pass_is_released_as_a_whole(corpus, trained, tmp_path):
+    """A continuation from a released pass (--init, a --steps budget inside the first epoch) writes no pass
+    folder; the finished run itself is released, its state.json replacing the pass before's, so it outlives the
+    machine like a pass does."""
+    base, _ = trained
+    folder = tmp_path / "released"
+    folder.mkdir()
+    (folder / "state.json").write_text('{"step": 999999}')  # the pass before's
+    run = train([corpus], tmp_path / "run", "tiny", init=base, steps=3, release_to=folder)
+    assert run["steps"] == 3
+    assert not (tmp_path / "run" / "passes").exists()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(trainer_module.RELEASED)
+    assert json.loads((folder / "state.json").read_text())["step"] == 3
+    assert json.loads((folder / "train_log.json").read_text())["steps"] == 3
+    with h5py.File(tmp_path / "run" / "weights.hdf5") as a, h5py.File(folder / "weights.hdf5") as b:
+        np.testing.assert_array_equal(a["CNN_proj/W_proj"][...], b["CNN_proj/W_proj"][...])
+
+
 def test_rerunning_a_finished_run_trains_no_more(corpus, trained, monkeypatch):
     out, log = trained
     monkeypatch.setattr(Trainer, "_step", lambda *a: pytest.fail("a finished run trained again"))
