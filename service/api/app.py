@@ -50,6 +50,8 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
         ThreadPoolExecutor(settings.tokenize_threads, thread_name_prefix="tokenize"),
         ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="encode"),
+        # Large bodies parsed off the loop: one at a time, so that what they build at once stays one body's worth.
+        ThreadPoolExecutor(1, thread_name_prefix="parse"),
     )
     app.state.models = None  # the ModelRegistry, once the lifespan has loaded it
     app.state.ready = False  # every model's engine is loaded and warm, and its batcher runs
@@ -107,6 +109,7 @@ async def lifespan(app: FastAPI):
     await models.stop()  # after every request in flight was answered: nothing is queued any more
     parts.tokenize_pool.shutdown(wait=False, cancel_futures=True)
     parts.encode_pool.shutdown(wait=False, cancel_futures=True)
+    parts.parse_pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
 
 

@@ -26,6 +26,7 @@ class Runtime:
     # CPU pools of their own, so that neither waits behind the other nor behind asyncio's default pool
     tokenize_pool: ThreadPoolExecutor
     encode_pool: ThreadPoolExecutor
+    parse_pool: ThreadPoolExecutor  # large bodies read and validated (service/api/bodies.py)
 
 
 def runtime(request: Request) -> Runtime:

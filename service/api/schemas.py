@@ -13,6 +13,9 @@ Number = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
 # Layers or mixes per request: each one is a copy of the answer, so a list of a million would need
 # a million times its memory.
 MAX_OUTPUTS = 8
+# Weights of a mix, one per layer: ELMo's have 3 layers (4 with the token layer counted twice); a list longer than
+# any model's layers is refused as it is read (service/api/bodies.py), not after a million numbers were built.
+MAX_LAYERS = 64
 # Validation stops at a list's first wrong item (pydantic's fail_fast): a body of a million wrong items would
 # otherwise cost a million error objects (8 s and 850 MB of the event loop for 2 MB of integers). Likewise at
 # most this many unknown fields are reported (each is an error too).
@@ -43,7 +46,7 @@ class _Strict(BaseModel):
 
 class Mix(_Strict):
     weights: list[Number] | None = Field(
-        None, fail_fast=True, description="scalar weights s_j, one per layer; default all 0"
+        None, fail_fast=True, max_length=MAX_LAYERS, description="scalar weights s_j, one per layer; default all 0"
     )
     gamma: Number = Field(1.0, description="scale of the mix")
     normalize: Literal["softmax", "none"] = Field("softmax", description="softmax(s) (the paper's mix) or s as is")
