@@ -31,7 +31,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from service.api.cancellation import Abandoned, off_loop
 from service.api.dependencies import runtime
 from service.api.schemas import Tokens
-from service.errors import InvalidRequest, TooLarge
+from service.errors import TooLarge
 
 INLINE_BYTES = 16 << 10  # parsed on the loop by FastAPI: about 1 ms of it at most
 WINDOW = 64 << 10  # a list or object that ends within this many characters is read in one call
@@ -67,7 +67,8 @@ class _Parser:
         if i >= len(text) or text[i] not in "[{":
             return _DECODER.raw_decode(text, i)  # a string, number or literal: in one call, whatever its length
         if depth >= MAX_DEPTH:
-            raise InvalidRequest(f"nested deeper than {MAX_DEPTH} lists and objects, which no field takes", path)
+            # json.loads' own answer to nesting past its recursion limit (no field nests deeper than 4)
+            raise RecursionError(f"{path}: nested deeper than {MAX_DEPTH} lists and objects")
         try:  # small (a sentence of tokens, a mix): one call of the C scanner, bounded by the window
             value, end = _DECODER.raw_decode(text[i : i + WINDOW])
         except (json.JSONDecodeError, RecursionError):
@@ -78,6 +79,10 @@ class _Parser:
                 counted = value.get(self.counted)
             if type(counted) is list and len(counted) > self.max_items:
                 raise TooLarge(f"{len(counted)} sentences; the limit is {self.max_items} per request", self.counted)
+            fields = value if path == "body" and type(value) is dict else {path: value}
+            for name, cap in self.caps.items():
+                if type(field := fields.get(name)) is list and len(field) > cap[0]:
+                    _too_long(cap, field, name)
             self.count(_containers(value), path)
             return value, i + end
         self.count(1, path)
@@ -103,12 +108,8 @@ class _Parser:
         while True:
             if limit is not None and len(items) >= limit:  # counted before the next item is built
                 raise TooLarge(f"more than {limit} sentences; the limit is {limit} per request", self.counted)
-            if cap is not None and len(items) > cap[0]:  # one too many: pydantic's own error, from those
-                try:
-                    cap[1].validate_python(items[: cap[0] + 1])
-                except ValidationError as exc:
-                    errors = [{**e, "loc": ("body", path, *e["loc"])} for e in exc.errors(include_url=False)]
-                    raise RequestValidationError(errors) from None
+            if cap is not None and len(items) > cap[0]:
+                _too_long(cap, items, path)
             if self.stop.is_set():
                 raise Abandoned
             if (run := self.run(i, path)) is not None:  # many items at once: numbers, tokens, texts
@@ -180,6 +181,15 @@ def _caps(field, counted: str) -> dict:
         if most is not None and name != counted:
             caps[name] = (most, TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(strict=True)))
     return caps
+
+
+def _too_long(cap: tuple, items: list, path: str) -> None:
+    """A list field with one item too many: pydantic's own error for it, from those (not from all of them)."""
+    try:
+        cap[1].validate_python(items[: cap[0] + 1])
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", path, *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
 
 
 def _containers(value: Any) -> int:
