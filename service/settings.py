@@ -231,9 +231,22 @@ class Settings(BaseSettings):
             if entry == "*":
                 raise ValueError("'*' would trust any peer's X-Forwarded-For: name the proxies' addresses or networks")
             try:
-                ipaddress.ip_network(entry, strict=False)
+                network = ipaddress.ip_network(entry, strict=False)
             except ValueError:
                 raise ValueError(f"{entry!r} is neither an IP address nor a network (such as 10.0.0.0/8)") from None
+            if network.prefixlen == 0:  # 0.0.0.0/0 and ::/0 are '*' by another name
+                raise ValueError(
+                    f"{entry!r} is every address, as '*' would be: it would trust any peer's X-Forwarded-For; name "
+                    "the proxies' addresses or networks"
+                )
+        return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_given_are_keys(cls, value):
+        # ",,," would otherwise be no key at all: an open server where one with keys was meant
+        if isinstance(value, str) and value.strip() and not any(item.strip() for item in value.split(",")):
+            raise ValueError("holds no key, only commas or spaces: give keys (key1,key2), or leave it unset for none")
         return value
 
     @field_validator("log_level", "log_format", mode="before")
@@ -280,6 +293,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 "both ELMO_MODELS and ELMO_MODEL_NAME given: ELMO_MODELS names its models (name=folder); "
                 "leave ELMO_MODEL_NAME unset"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_port_apart(self) -> Settings:
+        if self.metrics_port is not None and self.metrics_port != 0 and self.metrics_port == self.port:
+            raise ValueError(
+                f"ELMO_METRICS_PORT ({self.metrics_port}) is ELMO_PORT: the metrics need a port of their own (or "
+                "leave ELMO_METRICS_PORT unset: /metrics is then on the main port)"
             )
         return self
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.live_server import refusal, rss_bytes, running_server, status_on
+from tests.live_server import free_port, launch, refusal, rss_bytes, running_server, status_on
 
 JSON = {"content-type": "application/json"}
 EIGHT_MB = (8 << 20) - 64
@@ -101,3 +101,36 @@ def test_a_large_invalid_body_is_answered_as_fastapi_answers_it(client, body, fi
     response = client.post("/embed", content=body, headers=JSON)
     assert response.status_code == 422, response.text[:300]
     assert refusal(response).startswith(field)
+
+
+# Item 11: settings refused before the model loads, with one line naming the variable.
+REFUSED = {
+    "forwarded-every-ipv4": ({"ELMO_FORWARDED_ALLOW_IPS": "10.0.0.1,0.0.0.0/0"}, "ELMO_FORWARDED_ALLOW_IPS="),
+    "forwarded-every-ipv6": ({"ELMO_FORWARDED_ALLOW_IPS": "::/0"}, "ELMO_FORWARDED_ALLOW_IPS="),
+    "keys-only-commas": ({"ELMO_API_KEYS": ",,,"}, "ELMO_API_KEYS=',,,': holds no key"),
+    "keys-only-spaces": ({"ELMO_API_KEYS": " , "}, "ELMO_API_KEYS=' , ': holds no key"),
+    "metrics-port-is-the-port": ({"ELMO_METRICS_PORT": "{port}"}, "ELMO_METRICS_PORT ({port}) is ELMO_PORT"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
+def test_a_setting_that_would_open_or_break_the_server_is_refused_before_loading(tiny_model_dir, tmp_path, case):
+    settings, line = REFUSED[case]
+    port = free_port()
+    settings = {name: value.format(port=port) for name, value in settings.items()}
+    log = tmp_path / "server.log"
+    start = time.perf_counter()
+    proc = launch(tiny_model_dir, log, settings, port)
+    assert proc.wait(timeout=60) == 1, log.read_text()
+    text = log.read_text()
+    assert len(text.splitlines()) == 1 and text.startswith(f"elmo-serve: {line.format(port=port)}"), text
+    assert "serving" not in text and time.perf_counter() - start < 30  # the model never loaded
+
+
+@pytest.mark.parametrize("tag", ['W/"{etag}"', "*", '"other", W/"{etag}"'])
+def test_if_none_match_with_a_weak_etag_or_a_star_is_304(client, tag):
+    etag = client.get("/openapi.json").headers["etag"]
+    given = tag.format(etag=etag.strip('"'))
+    response = client.get("/openapi.json", headers={"if-none-match": given})
+    assert response.status_code == 304, (given, response.status_code)
+    assert response.content == b"" and response.headers["etag"] == etag
