@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.live_server import free_port, launch, refusal, rss_bytes, running_server, status_on
+from tests.live_server import free_port, launch, raw_exchange, refusal, rss_bytes, running_server, status_on
 
 JSON = {"content-type": "application/json"}
 EIGHT_MB = (8 << 20) - 64
@@ -134,3 +134,26 @@ def test_if_none_match_with_a_weak_etag_or_a_star_is_304(client, tag):
     response = client.get("/openapi.json", headers={"if-none-match": given})
     assert response.status_code == 304, (given, response.status_code)
     assert response.content == b"" and response.headers["etag"] == etag
+
+
+# Item 5: no raw control character in a text log line, whatever the client sends.
+FORGED = b"/x%0D%0A2026-11-28 12:00:00,000 INFO elmo.access: GET /embed status=200%1B[2K%1B[1A%C2%85"
+
+
+def test_an_unmatched_path_never_reaches_the_text_log_raw(tiny_model_dir, tmp_path):
+    settings = {"ELMO_ACCESS_LOG": "true", "ELMO_LOG_FORMAT": "text"}
+    with running_server(tiny_model_dir, tmp_path, settings) as server:
+        head = b"GET " + FORGED.replace(b" ", b"%20") + b" HTTP/1.1\r\nhost: x\r\nx-request-id: forged-1\r\n\r\n"
+        ((status, _, _),) = raw_exchange(server.port, head, 1)
+        assert status == 404
+        post = b"POST /embed%0D%0Ax HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nx-request-id: forged-2\r\n\r\n{}"
+        ((status, _, _),) = raw_exchange(server.port, post, 1)
+        assert status in (404, 405)
+        time.sleep(0.5)
+        log = server.log.read_bytes()
+    lines = [line for line in log.split(b"\n") if b"forged-" in line]
+    assert len(lines) == 2, log[-2000:]
+    assert lines[0].endswith(b"elmo.access: GET other status=404 " + lines[0].split(b"status=404 ")[1])
+    assert b"route=" not in lines[0] and b"2026-11-28 12:00:00" not in log  # the path is not logged at all
+    for raw in (b"\r", b"\x1b", b"\x85", "\u2028".encode()):
+        assert raw not in log, raw
