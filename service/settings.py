@@ -180,7 +180,13 @@ class Settings(BaseSettings):
 
     # CPU pools of their own, so that neither waits for the other nor for the default pool (six abandoned texts
     # once held every worker for 80 s)
-    tokenize_threads: int = Field(2, ge=1, description="threads tokenizing texts (Moses)")
+    tokenize_threads: int = Field(2, ge=1, description="threads tokenizing texts (Moses), in turns by client address")
+    max_tokenize_chars_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="characters of texts waiting or being tokenized for one client address (503 above; a single "
+        "request is always taken); unset: ELMO_MAX_BODY_BYTES",
+    )
     encode_threads: int = Field(2, ge=1, description="threads composing and encoding large answers")
 
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")

@@ -21,6 +21,8 @@ from service.api.static import StaticAnswers
 from service.metrics import Metrics
 from service.models import load_models
 from service.settings import Settings
+from service.text.moses import tokenize
+from service.text.turns import TokenizeTurns
 
 log = logging.getLogger("elmo.service")
 
@@ -48,7 +50,12 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         AnswerBudget(settings.max_answers_inflight_bytes, metrics, settings.max_answers_inflight_bytes_per_client),
         # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
         # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
-        ThreadPoolExecutor(settings.tokenize_threads, thread_name_prefix="tokenize"),
+        TokenizeTurns(
+            settings.tokenize_threads,
+            settings.max_tokenize_chars_per_client or settings.max_body_bytes,
+            tokenize,
+            metrics.observe_stage,
+        ),
         ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="encode"),
         # Large bodies parsed off the loop: one at a time, so that what they build at once stays one body's worth.
         ThreadPoolExecutor(1, thread_name_prefix="parse"),
@@ -107,7 +114,7 @@ async def lifespan(app: FastAPI):
     yield
     app.state.ready = False
     await models.stop()  # after every request in flight was answered: nothing is queued any more
-    parts.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+    parts.tokenizer.shutdown()
     parts.encode_pool.shutdown(wait=False, cancel_futures=True)
     parts.parse_pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")

@@ -94,6 +94,11 @@ class EmbeddingItem(BaseModel):
     shape: list[int]
     truncated: bool | None = Field(None, description="with `truncate`: whether the sentence was cut to the limit")
     original_tokens: int | None = Field(None, description="with `truncate`: the sentence's tokens before the cut")
+    original_tokens_at_least: bool | None = Field(
+        None,
+        description="with `truncate`, true where a text was cut before Moses read it all (only what can be kept is "
+        "tokenized): original_tokens is then its words, a lower bound on its tokens",
+    )
 
 
 class Usage(BaseModel):
@@ -128,6 +133,11 @@ class TokenizedSentence(BaseModel):
     kept_bytes: list[int] = Field(..., description="how many of those (the first ones) the model reads: see token_cut")
     truncated: bool = Field(..., description="whether the sentence was cut to max_tokens_per_sentence (truncate)")
     original_tokens: int = Field(..., description="the sentence's tokens before any cut")
+    original_tokens_at_least: bool | None = Field(
+        None,
+        description="with `truncate`, true where a text was cut before Moses read it all (only what can be kept is "
+        "tokenized): original_tokens is then its words, a lower bound on its tokens",
+    )
 
 
 class TokenizeResponse(BaseModel):
@@ -178,6 +188,11 @@ class OpenAIEmbedding(BaseModel):
     embedding: list[float] | str
     truncated: bool | None = Field(None, description="with `truncate`: whether the input was cut to the limit")
     original_tokens: int | None = Field(None, description="with `truncate`: the input's tokens before the cut")
+    original_tokens_at_least: bool | None = Field(
+        None,
+        description="with `truncate`, true where a text was cut before Moses read it all (only what can be kept is "
+        "tokenized): original_tokens is then its words, a lower bound on its tokens",
+    )
 
 
 class OpenAIUsage(BaseModel):
