@@ -32,6 +32,7 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
     variables say (service/api/tracing.py: nowhere by default)."""
     settings = settings or Settings()
     metrics = Metrics()
+    keys = ApiKeys(None, keys=[key.get_secret_value() for key in settings.api_keys])  # its check, for tracing
     # FastAPIOffline: a FastAPI app whose /docs and /redoc load Swagger UI and ReDoc from the package's own files
     # (under /static-offline-docs), so they work where no CDN can be reached; no validator badge (it calls out).
     app = FastAPIOffline(
@@ -40,8 +41,10 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
         lifespan=lifespan,
         swagger_ui_parameters={"validatorUrl": None},
-        telemetry=tracing.telemetry(tracer_provider),  # FastAPI's own OpenTelemetry support: off until configured
+        # FastAPI's own OpenTelemetry support: off until configured; no span for a request the keys refuse
+        telemetry=tracing.telemetry(tracer_provider, refused=keys.refuses),
     )
+    app.state.tracer_provider = tracer_provider
     app.state.tracer = tracing.tracer(tracer_provider)  # the request's own steps, as its server span's children
     app.state.runtime = Runtime(
         settings,
@@ -104,6 +107,7 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     parts: Runtime = app.state.runtime
+    tracing.redact_spans(app.state.tracer_provider)  # FastAPI has configured its provider from OTEL_* by now
     models = load_models(parts.settings, parts.metrics)  # every model, or a RuntimeError naming the one that failed
     app.state.models = models
     await models.start()  # each warmed: readiness covers them all

@@ -13,12 +13,13 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.middleware.proxy_headers import _TrustedHosts
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware, _TrustedHosts
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.api.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
 from service.api.log_bounds import AddressLog
 from service.api.protocol import BoundedHttpProtocol
+from service.api.tracing import TraceContextGate
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -64,7 +65,9 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
     app.state.connections = caps  # /info shows the caps in force
     trusted = settings.forwarded_allow_ips
     config = uvicorn.Config(
-        app,
+        # trace context only from the trusted proxies: judged by the connection's peer, before uvicorn's proxy
+        # headers middleware (here inside the gate, not around it as uvicorn would put it) names the client
+        TraceContextGate(ProxyHeadersMiddleware(app, trusted_hosts=trusted) if trusted else app, caps.trusted),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -73,7 +76,7 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         access_log=False,  # the service's own access line, with the request id: ELMO_ACCESS_LOG
         ws="none",  # no route is a WebSocket: an upgrade is refused by the protocol before anything logs it
         # X-Forwarded-For only from the proxies named (uvicorn's default trusts 127.0.0.1's: any local process's)
-        proxy_headers=bool(trusted),
+        proxy_headers=False,  # applied above, inside the trace context gate
         forwarded_allow_ips=trusted,
         timeout_graceful_shutdown=settings.drain_s,
         timeout_keep_alive=settings.keep_alive_s,

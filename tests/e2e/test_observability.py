@@ -107,6 +107,7 @@ def test_the_standard_otel_variables_alone_export_a_request_s_trace(tiny_model_d
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
         "OTEL_METRICS_EXPORTER": "none",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "ELMO_FORWARDED_ALLOW_IPS": "127.0.0.1",  # a caller's trace context is followed from a trusted proxy only
     }
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     try:
