@@ -880,6 +880,7 @@ def main() -> int:
         "--rounds", choices=["second", "third", "fourth", "fifth", "all"], default="all", help="which rows to run"
     )
     parser.add_argument("--before", type=Path, help="the fifth round: a checkout at the commit before its fixes")
+    parser.add_argument("--before-model", type=Path, help="the fifth round: the --before checkout's export (row 19)")
     parser.add_argument(
         "--rows", default=",".join(FOURTH), help=f"the fourth round's rows, comma-separated ({', '.join(FOURTH)})"
     )
@@ -895,7 +896,8 @@ def main() -> int:
 
         if args.before is None:
             raise SystemExit("--rounds fifth needs --before DIR (a checkout at the commit before the fixes)")
-        fifth_round(args.model, args.before, args.tree, ["parse", "tamper", "log", "tokenize", "settings"])
+        rows = ["parse", "tamper", "log", "tokenize", "settings"]
+        fifth_round(args.model, args.before, args.tree, rows, args.before_model)
         return 0
     if args.rounds == "fourth":
         fourth_round(args.model, args.tree, [row for row in args.rows.split(",") if row])

@@ -10,7 +10,17 @@ import time
 import httpx
 import pytest
 
-from tests.live_server import counter, free_port, launch, raw_exchange, refusal, rss_bytes, running_server, status_on
+from tests.live_server import (
+    counter,
+    free_port,
+    launch,
+    raw_exchange,
+    refusal,
+    rss_bytes,
+    running_server,
+    status_on,
+    stop,
+)
 
 JSON = {"content-type": "application/json"}
 EIGHT_MB = (8 << 20) - 64
@@ -121,7 +131,10 @@ def test_a_setting_that_would_open_or_break_the_server_is_refused_before_loading
     log = tmp_path / "server.log"
     start = time.perf_counter()
     proc = launch(tiny_model_dir, log, settings, port)
-    assert proc.wait(timeout=60) == 1, log.read_text()
+    try:
+        assert proc.wait(timeout=60) == 1, log.read_text()
+    finally:
+        stop(proc)  # one that started (before the fix) is stopped
     text = log.read_text()
     assert len(text.splitlines()) == 1 and text.startswith(f"elmo-serve: {line.format(port=port)}"), text
     assert "serving" not in text and time.perf_counter() - start < 30  # the model never loaded
