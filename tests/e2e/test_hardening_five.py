@@ -47,6 +47,9 @@ class Liveness:
 
     def __enter__(self) -> Liveness:
         self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.times and time.monotonic() < deadline:  # polling already (a loaded host starts slowly)
+            time.sleep(0.01)
         return self
 
     def __exit__(self, *_) -> None:
