@@ -179,6 +179,17 @@ def main() -> None:
     fp32 = next((outputs[n] for n in outputs if " fp32 " in n), None)
     print_errors(runs, stdout, outputs, fp32, allennlp, theirs_out, len(lines))
     print_times(runs, allennlp, tokens)
+    print_fractions(yardstick, opt, stdout, allennlp)
+
+
+def print_fractions(yardstick: Yardstick, opt, stdout, allennlp: str) -> None:
+    """The yardstick measured again at the end, and each tool's embedding phase as a fraction of its ceiling."""
+    yardstick.finish()
+    print("\n".join(yardstick.lines(opt)))
+    for name, outputs in stdout.items():
+        precision = name.split()[1] if name != allennlp else "fp32"
+        tool = name.split(" (")[0]
+        print(yardstick.result(f"{tool} embedding phase (best)", precision, opt, embedding_rate(outputs)))
 
 
 def print_errors(
@@ -213,13 +224,6 @@ def print_times(runs, allennlp: str, tokens: int):
         best, median, peak = min(times), statistics.median(times), max(mb for _, mb in each)
         print(f"{name:<40}{best:>9.2f}{median:>10.2f}{tokens / best:>10.0f}{peak:>9.0f}   "
               + " ".join(f"{t:.2f}" for t in times))  # fmt: skip
-
-    yardstick.finish()
-    print("\n".join(yardstick.lines(opt)))
-    for name, outputs in stdout.items():
-        precision = name.split()[1] if name != allennlp else "fp32"
-        tool = name.split(" (")[0]
-        print(yardstick.result(f"{tool} embedding phase (best)", precision, opt, embedding_rate(outputs)))
 
     def speedup(slow: str, fast: str) -> tuple[float, float]:
         slow_t, fast_t = [w for w, _ in runs[slow]], [w for w, _ in runs[fast]]

@@ -877,8 +877,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30, help="length of the mixed load")
     parser.add_argument("--clients", type=int, default=4, help="normal clients sending small requests")
     parser.add_argument(
-        "--rounds", choices=["second", "third", "fourth", "all"], default="all", help="which rows to run"
+        "--rounds", choices=["second", "third", "fourth", "fifth", "all"], default="all", help="which rows to run"
     )
+    parser.add_argument("--before", type=Path, help="the fifth round: a checkout at the commit before its fixes")
+    parser.add_argument("--before-model", type=Path, help="the fifth round: the --before checkout's export (row 19)")
     parser.add_argument(
         "--rows", default=",".join(FOURTH), help=f"the fourth round's rows, comma-separated ({', '.join(FOURTH)})"
     )
@@ -889,6 +891,14 @@ def main() -> int:
     args = parser.parse_args()
     if not (args.model / "manifest.json").exists():
         raise SystemExit(f"no model at {args.model}: run `make serve` once (it exports it), or pass --model")
+    if args.rounds == "fifth":  # bench/hostile_fifth.py: each row before and after, back to back
+        from bench.hostile_fifth import fifth_round
+
+        if args.before is None:
+            raise SystemExit("--rounds fifth needs --before DIR (a checkout at the commit before the fixes)")
+        rows = ["parse", "tamper", "log", "tokenize", "settings"]
+        fifth_round(args.model, args.before, args.tree, rows, args.before_model)
+        return 0
     if args.rounds == "fourth":
         fourth_round(args.model, args.tree, [row for row in args.rows.split(",") if row])
         return 0

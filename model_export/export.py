@@ -9,7 +9,6 @@ canaries with the fp32 Loop graph's layers for them, which every engine compares
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -29,7 +28,7 @@ from model_export.weights import load_bilm
 from service.engine.canary import CANARIES_FILE, accuracy, max_abs_error, save_canaries
 from service.engine.feeds import sentence_keys
 from service.engine.session import Engine
-from service.manifest import GRAPH_VERSION, MANIFEST
+from service.manifest import FORMAT_VERSION, GRAPH_VERSION, MANIFEST, sha256
 from service.text.token_ids import BILM_TF, BilmTfMapping, load_mapping
 
 TOLERANCE = 1e-5
@@ -60,14 +59,6 @@ CHECK_SENTENCES = [
 
 class ExportError(RuntimeError):
     pass
-
-
-def sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def torch_layers(model: BiLM, sentences: list[list[str]], mapping=None) -> list[np.ndarray]:
@@ -127,17 +118,22 @@ def export_model(
         _write_graphs(model, graphs, tmp, window, int8)
         manifest = _manifest(model, graphs, tmp, sources, write_mapping, language)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        fp32 = _check_graphs(graphs, tmp, torch_layers(model, CHECK_SENTENCES, load_mapping(tmp, manifest)))
-        _int8_within_goal(model, graphs, tmp, fp32)
+        mapping = load_mapping(tmp, manifest)
+        check = check_sentences(mapping)
+        fp32 = _check_graphs(graphs, tmp, torch_layers(model, check, mapping), check)
+        _int8_within_goal(model, graphs, tmp, fp32, check)
         manifest["parity"] = {
             "max_abs_error": max(g["parity"]["max_abs_error"] for g in graphs if "parity" in g),
             "tolerance": TOLERANCE,
-            "check_sentences": len(CHECK_SENTENCES),
-            "check_tokens": sum(len(s) for s in CHECK_SENTENCES),
+            "check_sentences": len(check),
+            "check_tokens": sum(len(s) for s in check),
         }
         # The check sentences are the canaries: a reduced-precision graph's stated accuracy is measured on them.
-        save_canaries(tmp / CANARIES_FILE, CHECK_SENTENCES, fp32)
-        manifest["canaries"] = {"file": CANARIES_FILE, "graph": MODEL_FILE, "sentences": CHECK_SENTENCES}
+        save_canaries(tmp / CANARIES_FILE, check, fp32)
+        manifest["canaries"] = {"file": CANARIES_FILE, "graph": MODEL_FILE, "sentences": check}
+        # Every file's sum, which start-up checks (service/manifest.py, verify_files): a graph changed after
+        # export is refused before it serves, whatever its canaries say.
+        manifest["files"] = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.name != MANIFEST}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _replace_export(tmp, out_dir)
     return manifest
@@ -158,7 +154,7 @@ def _manifest(model: BiLM, graphs: list[dict], folder: Path, sources, write_mapp
     opt = model.options
     cells = [*model.forward_lstm.layers, *model.backward_lstm.layers]
     return {
-        "format_version": 2,
+        "format_version": FORMAT_VERSION,
         "graphs": graphs,
         "architecture": opt.to_dict(),
         "num_layers": opt.num_output_layers,
@@ -175,13 +171,37 @@ def _manifest(model: BiLM, graphs: list[dict], folder: Path, sources, write_mapp
     }
 
 
-def _check_graphs(graphs: list[dict], folder: Path, want: list[np.ndarray]) -> list[np.ndarray]:
+def check_sentences(mapping) -> list[list[str]]:
+    """CHECK_SENTENCES and one more that holds every character the model's char table can be fed, so that a
+    changed row of the char embedding changes a canary: for bilm-tf's byte mapping every byte UTF-8 text can
+    hold (243 of 256: never 0xC0, 0xC1 or 0xF5-0xFF), for ELMoForManyLangs every character of its char.dic;
+    cut into tokens the mapping reads whole (max_chars - 2 bytes or characters). The five sentences before it
+    used 49 byte values: a copy of model.onnx with the row of 'Z' changed passed them with error 0."""
+    if isinstance(mapping, BilmTfMapping):
+        chars = [chr(c) for c in range(0x80)] + [chr(c) for c in range(0x80, 0xC0)]  # ASCII; C2 + 80-BF
+        chars += [chr((lead & 0x1F) << 6) for lead in range(0xC3, 0xE0)]  # two-byte leads C3-DF
+        chars += ["\u0800"] + [chr((lead & 0x0F) << 12) for lead in range(0xE1, 0xF0)]  # three-byte leads E0-EF
+        chars += [chr(0x10000), chr(0x40000), chr(0x80000), chr(0xC0000), chr(0x100000)]  # four-byte F0-F4
+        room, size = mapping.max_bytes, lambda c: len(c.encode("utf-8"))
+    else:
+        chars = sorted(c for c in mapping.chars if len(c) == 1)
+        room, size = mapping.max_chars - 2, lambda c: 1
+    tokens, token, used = [], "", 0
+    for char in chars:
+        if used + size(char) > room:
+            tokens.append(token)
+            token, used = "", 0
+        token, used = token + char, used + size(char)
+    return [*CHECK_SENTENCES, [*tokens, token]]
+
+
+def _check_graphs(graphs: list[dict], folder: Path, want: list[np.ndarray], check: list[list[str]]) -> list[np.ndarray]:
     """Each fp32 graph within TOLERANCE of PyTorch's `want` on the CPU (ExportError otherwise), each reduced
     precision's distance from fp32 recorded in its entry; returns the fp32 Loop graph's layers."""
     fp32 = None
     for graph in graphs:  # the fp32 Loop graph first: the others are measured against it
         engine = Engine(folder, provider="cpu", graph=graph["kind"], precision=graph["precision"])
-        got = engine.run(CHECK_SENTENCES)
+        got = engine.run(check)
         del engine
         error = max_abs_error(got, want)
         if graph["precision"] == "fp32":
@@ -201,7 +221,9 @@ def _above_layer_0(graph: dict) -> float:
     return min(graph["accuracy"]["min_cosine_vs_fp32_by_layer"][1:])
 
 
-def _int8_within_goal(model: BiLM, graphs: list[dict], folder: Path, fp32: list[np.ndarray]) -> None:
+def _int8_within_goal(
+    model: BiLM, graphs: list[dict], folder: Path, fp32: list[np.ndarray], check: list[list[str]]
+) -> None:
     """The int8 graph rewritten with INT8_FALLBACK when its scheme misses INT8_GOAL, and the better of the two kept,
     its scheme and accuracy in its manifest entry."""
     graph = next((g for g in graphs if g["precision"] == "int8"), None)
@@ -211,7 +233,7 @@ def _int8_within_goal(model: BiLM, graphs: list[dict], folder: Path, fp32: list[
     for scheme in (INT8_FALLBACK, first):  # first back again if the fallback does no better
         save_onnx(build_onnx_model(model, "int8", scheme), folder / graph["file"])
         engine = Engine(folder, provider="cpu", graph="loop", precision="int8")
-        measured = {"quantization": scheme.to_dict(), "accuracy": accuracy(engine.run(CHECK_SENTENCES), fp32)}
+        measured = {"quantization": scheme.to_dict(), "accuracy": accuracy(engine.run(check), fp32)}
         del engine
         if scheme is first or _above_layer_0(measured) > _above_layer_0(graph):
             graph.update(measured)

@@ -3,7 +3,8 @@ a terminal or one JSON object a line for a log collector (ELMO_LOG_FORMAT=json),
 request it was written for (its request id, route, model and token counts: service/api/request_id.py sets them).
 
 A JSON line holds `time` (UTC, ISO 8601, milliseconds), `level`, `logger` and `message`; within a request,
-`request_id`, `method` and `route` (the route template; the path itself only where none matched, cut short), and
+`request_id`, `method` and `route` (the route template, also for a request refused before routing reached it, or
+`other` where none matches: never the path, which a client chooses, as the metrics do), and
 what the request has come to know (`model`, `sentences`, `tokens`); an access line adds `status`, `duration_ms`
 and `client`; a failure its `exception`. No request text is ever among them: the one line that carries it is
 ELMO_LOG_REQUEST_TEXT's, off by default."""
@@ -11,6 +12,7 @@ ELMO_LOG_REQUEST_TEXT's, off by default."""
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from contextvars import ContextVar
@@ -19,7 +21,39 @@ from dataclasses import dataclass, field
 import orjson
 
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-PATH_CHARS = 100  # of a path no route matched: enough to recognise it, not a place to carry text
+# What a text line must never carry raw: control characters (CR and LF start a forged line, ESC sequences erase the
+# real one on a terminal), C1 controls and Unicode's line and paragraph separators.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escaped(text: str) -> str:
+    """`text` with every control character written as \\xNN (\\uNNNN above 0xff): one line, inert on a terminal."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
+def route_template(scope: dict) -> str:
+    """The template of the route a request is for, by the app's routes (a request refused before routing, a 401,
+    still names it), or `other`: never the path itself."""
+    route = scope.get("route")
+    if route is not None:
+        return getattr(route, "path", "other")
+    return _template(getattr(getattr(scope.get("app"), "router", None), "routes", ()), scope) or "other"
+
+
+def _template(routes, scope: dict) -> str | None:
+    for candidate in routes:
+        included = getattr(candidate, "original_router", None)  # FastAPI's include_router (no prefix here)
+        if included is not None:
+            if found := _template(included.routes, scope):
+                return found
+            continue
+        try:
+            match, _ = candidate.matches(scope)
+        except Exception:  # a scope a route cannot read (not HTTP): no template
+            continue
+        if match.value and hasattr(candidate, "path"):  # FULL, or PARTIAL (another method): the route's template
+            return candidate.path
+    return None
 
 
 @dataclass
@@ -35,16 +69,11 @@ class RequestLog:
     tokens: int | None = None
 
     @property
-    def route(self) -> str | None:
-        return getattr(self.scope.get("route"), "path", None)
+    def route(self) -> str:
+        return route_template(self.scope)
 
     def fields(self) -> dict:
-        found = {"request_id": self.request_id, "method": self.method}
-        route = self.route
-        if route is not None:
-            found["route"] = route
-        else:
-            found["path"] = str(self.scope.get("path", ""))[:PATH_CHARS]
+        found = {"request_id": self.request_id, "method": self.method, "route": self.route}
         for name in ("model", "sentences", "tokens"):
             if (value := getattr(self, name)) is not None:
                 found[name] = value
@@ -93,12 +122,16 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(TEXT)
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escaped(record.message)  # a client's text (a method, a name) can never start a line
+        return super().formatMessage(record)
+
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         request = getattr(record, "request", None)
         fields = getattr(record, "fields", None)
         if fields:
-            text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+            text += " " + " ".join(f"{k}={escaped(str(v))}" for k, v in fields.items())
         if request:
             text += f" [{request['request_id']}]"
         return text

@@ -4,6 +4,7 @@ that the exporter, the CLI's checks and the engine share one reading of it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ MANIFEST = "manifest.json"
 GRAPH_VERSION = 9
 READABLE_GRAPH_VERSIONS = (6, 7, 8, 9)
 WINDOW_GRAPH_VERSION = 8
+# 3: the manifest records each file's sha256 (`files`), which start-up checks (`verify_files`).
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -101,3 +104,47 @@ def read_manifest(model_dir: str | Path) -> ModelInfo:
 def _not_a_manifest(path: Path, err: Exception) -> ValueError:
     what = f"no {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
     return ValueError(f"{path} is not a manifest written by elmo-export ({what})")
+
+
+def sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def files_read(info: ModelInfo, graph: Graph) -> list[Path]:
+    """The files of a folder that serving `graph` reads: the graph (and its weights, if apart), the canaries and
+    the token mapping's dictionaries."""
+    files = [graph.file]
+    if (data := graph.file.with_name(graph.file.name + ".data")).is_file():
+        files.append(data)
+    if canaries := info.manifest.get("canaries"):
+        files.append(graph.file.with_name(canaries["file"]))
+    mapping = info.manifest.get("token_mapping", {})
+    files += [graph.file.with_name(mapping[key]) for key in ("chars", "words") if mapping.get(key)]
+    return files
+
+
+def verify_files(info: ModelInfo, graph: Graph) -> None:
+    """Each file that serving `graph` reads has the sha256 its manifest records; ValueError naming the file
+    otherwise. A manifest without sums (elmo-export before format 3) is refused too: a check that a changed
+    folder could pass by leaving its sums out would check nothing. Either way: export it again (elmo-export
+    records the sums of what it writes; accepting another folder's sums is its job, not the server's)."""
+    folder = graph.file.parent
+    sums = info.manifest.get("files")
+    if not isinstance(sums, dict):
+        raise ValueError(
+            f"{folder / MANIFEST} records no sha256 of its files (format {info.manifest.get('format_version')}, "
+            f"before {FORMAT_VERSION}): export it again with elmo-export"
+        )
+    for path in files_read(info, graph):
+        want = sums.get(path.name)
+        if want is None:
+            raise ValueError(f"{folder / MANIFEST} records no sha256 of {path.name}: export it again with elmo-export")
+        if (got := sha256(path)) != want:
+            raise ValueError(
+                f"{path}: its sha256 is {got}, and the manifest records {want}: the file was changed or damaged "
+                "after export; export it again with elmo-export"
+            )

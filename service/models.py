@@ -18,7 +18,7 @@ from service.batching.in_flight import in_flight
 from service.engine.canary import CanaryMismatch, CanaryReport, prove
 from service.engine.session import Engine
 from service.errors import EngineFailed, Overloaded, ServiceError, UnknownModel
-from service.manifest import MANIFEST
+from service.manifest import MANIFEST, verify_files
 from service.metrics import Metrics
 from service.settings import Settings, default_batch_tokens
 
@@ -126,6 +126,7 @@ def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
                 cuda_graphs=settings.cuda_graphs,
                 max_rows=settings.max_rows,
             )
+            verify_files(engine.info, engine.graph)  # every file it reads as exported: sha256 (ValueError)
         except Exception as err:  # a corrupt model file, most likely: say so, and never serve half-ready
             message = f"cannot load the model {name!r} from {folder}: {type(err).__name__}: {err}"
             log.error(message)

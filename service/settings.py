@@ -180,7 +180,13 @@ class Settings(BaseSettings):
 
     # CPU pools of their own, so that neither waits for the other nor for the default pool (six abandoned texts
     # once held every worker for 80 s)
-    tokenize_threads: int = Field(2, ge=1, description="threads tokenizing texts (Moses)")
+    tokenize_threads: int = Field(2, ge=1, description="threads tokenizing texts (Moses), in turns by client address")
+    max_tokenize_chars_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="characters of texts waiting or being tokenized for one client address (503 above; a single "
+        "request is always taken); unset: ELMO_MAX_BODY_BYTES",
+    )
     encode_threads: int = Field(2, ge=1, description="threads composing and encoding large answers")
 
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 503")
@@ -232,9 +238,22 @@ class Settings(BaseSettings):
             if entry == "*":
                 raise ValueError("'*' would trust any peer's X-Forwarded-For: name the proxies' addresses or networks")
             try:
-                ipaddress.ip_network(entry, strict=False)
+                network = ipaddress.ip_network(entry, strict=False)
             except ValueError:
                 raise ValueError(f"{entry!r} is neither an IP address nor a network (such as 10.0.0.0/8)") from None
+            if network.prefixlen == 0:  # 0.0.0.0/0 and ::/0 are '*' by another name
+                raise ValueError(
+                    f"{entry!r} is every address, as '*' would be: it would trust any peer's X-Forwarded-For; name "
+                    "the proxies' addresses or networks"
+                )
+        return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_given_are_keys(cls, value):
+        # ",,," would otherwise be no key at all: an open server where one with keys was meant
+        if isinstance(value, str) and value.strip() and not any(item.strip() for item in value.split(",")):
+            raise ValueError("holds no key, only commas or spaces: give keys (key1,key2), or leave it unset for none")
         return value
 
     @field_validator("log_level", "log_format", mode="before")
@@ -281,6 +300,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 "both ELMO_MODELS and ELMO_MODEL_NAME given: ELMO_MODELS names its models (name=folder); "
                 "leave ELMO_MODEL_NAME unset"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_port_apart(self) -> Settings:
+        if self.metrics_port is not None and self.metrics_port != 0 and self.metrics_port == self.port:
+            raise ValueError(
+                f"ELMO_METRICS_PORT ({self.metrics_port}) is ELMO_PORT: the metrics need a port of their own (or "
+                "leave ELMO_METRICS_PORT unset: /metrics is then on the main port)"
             )
         return self
 

@@ -22,6 +22,8 @@ from service.api.static import StaticAnswers
 from service.metrics import Metrics
 from service.models import load_models
 from service.settings import Settings
+from service.text.moses import tokenize
+from service.text.turns import TokenizeTurns
 
 log = logging.getLogger("elmo.service")
 
@@ -31,6 +33,7 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
     variables say (service/api/tracing.py: nowhere by default)."""
     settings = settings or Settings()
     metrics = Metrics()
+    keys = ApiKeys(None, keys=[key.get_secret_value() for key in settings.api_keys])  # its check, for tracing
     # FastAPIOffline: a FastAPI app whose /docs and /redoc load Swagger UI and ReDoc from the package's own files
     # (under /static-offline-docs), so they work where no CDN can be reached; no validator badge (it calls out).
     app = FastAPIOffline(
@@ -39,8 +42,10 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         description="Deep contextualized word vectors (Peters et al., 2018) from an exported biLM.",
         lifespan=lifespan,
         swagger_ui_parameters={"validatorUrl": None},
-        telemetry=tracing.telemetry(tracer_provider),  # FastAPI's own OpenTelemetry support: off until configured
+        # FastAPI's own OpenTelemetry support: off until configured; no span for a request the keys refuse
+        telemetry=tracing.telemetry(tracer_provider, refused=keys.refuses),
     )
+    app.state.tracer_provider = tracer_provider
     app.state.tracer = tracing.tracer(tracer_provider)  # the request's own steps, as its server span's children
     app.state.runtime = Runtime(
         settings,
@@ -49,8 +54,15 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         answer_budget(settings, metrics),
         # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
         # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
-        ThreadPoolExecutor(settings.tokenize_threads, thread_name_prefix="tokenize"),
+        TokenizeTurns(
+            settings.tokenize_threads,
+            settings.max_tokenize_chars_per_client or settings.max_body_bytes,
+            tokenize,
+            metrics.observe_stage,
+        ),
         ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="encode"),
+        # Large bodies parsed off the loop: one at a time, so that what they build at once stays one body's worth.
+        ThreadPoolExecutor(1, thread_name_prefix="parse"),
     )
     app.state.models = None  # the ModelRegistry, once the lifespan has loaded it
     app.state.ready = False  # every model's engine is loaded and warm, and its batcher runs
@@ -96,6 +108,7 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     parts: Runtime = app.state.runtime
+    tracing.redact_spans(app.state.tracer_provider)  # FastAPI has configured its provider from OTEL_* by now
     models = load_models(parts.settings, parts.metrics)  # every model, or a RuntimeError naming the one that failed
     app.state.models = models
     await models.start()  # each warmed: readiness covers them all
@@ -106,8 +119,9 @@ async def lifespan(app: FastAPI):
     yield
     app.state.ready = False
     await models.stop()  # after every request in flight was answered: nothing is queued any more
-    parts.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+    parts.tokenizer.shutdown()
     parts.encode_pool.shutdown(wait=False, cancel_futures=True)
+    parts.parse_pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
 
 

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 
 from service.api import tracing
 from service.api.answers import NPZ, Abandoned, Base64, json_response, respond, wants_npz
+from service.api.bodies import parsed_off_loop
 from service.api.dependencies import model_named, runtime
 from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
 from service.api.errors import ERRORS
@@ -21,7 +22,7 @@ from service.errors import InvalidRequest
 from service.mix import compose
 from service.models import ServedModel
 
-router = APIRouter(responses=ERRORS)
+router = APIRouter(responses=ERRORS, route_class=parsed_off_loop("sentences"))
 NPZ_ANSWER = {
     200: {"content": {NPZ: {}}, "description": "with `Accept: application/x-npz`: the answer as an .npz (docs: API)"}
 }

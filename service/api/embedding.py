@@ -4,6 +4,7 @@ encoded (service/api/answers.py). Each step's CPU time goes to the `elmo_stage_s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -12,13 +13,13 @@ from fastapi import Request
 
 from service.api import tracing
 from service.api.answers import Offload
-from service.api.cancellation import Abandoned, off_loop, until_disconnected
+from service.api.cancellation import off_loop, until_disconnected
 from service.api.dependencies import ready, runtime
-from service.api.middleware import hold_answer
+from service.api.middleware import client_address, hold_answer
 from service.api.request_id import note
 from service.batching.batcher import Layers, Timings
 from service.models import ServedModel
-from service.text.moses import tokenize
+from service.text.moses import min_tokens, word_end
 
 log = logging.getLogger("elmo.service")
 
@@ -32,30 +33,40 @@ async def tokenized(
     keep answering everyone else)."""
     parts = runtime(request)
     parts.admission.before_tokenizing(items, field, truncate)
-    sentences = items
+    sentences, at_least = items, {}
     if texts := sum(isinstance(x, str) for x in items):
-        work = _tokenizing(items, language, parts.metrics.observe_stage)
+        limit = parts.settings.max_tokens_per_sentence
+        if truncate:  # only what can be kept is tokenized: a text's first words, and a margin for Moses' splits
+            items, at_least = _kept_parts(items, limit)
+        stop = threading.Event()
+        future = parts.tokenizer.submit(client_address(request.scope), items, language, stop)
         with tracing.span(request.app.state.tracer, "elmo.tokenize", texts=texts, language=language) as span:
-            sentences = await off_loop(request, parts.tokenize_pool, work)
+            try:
+                sentences = await until_disconnected(request, asyncio.wrap_future(future))
+            finally:
+                stop.set()  # done already, or its texts leave the line
             if span is not None:
                 span.set_attribute("elmo.tokens", sum(map(len, sentences)))
     tokens, cuts = parts.admission.tokens(sentences, field, truncate)
+    for i, words in at_least.items():  # cut before Moses: its tokens were not all counted
+        cuts[i] = {"truncated": True, "original_tokens": words, "original_tokens_at_least": True}
     note(sentences=len(tokens), tokens=sum(map(len, tokens)))
     return tokens, cuts
 
 
-def _tokenizing(items: list, language: str, observe):
-    def tokenize_all(stop: threading.Event) -> list[list[str]]:
-        start = time.thread_time()
-        sentences = []
-        for x in items:
-            if stop.is_set():
-                raise Abandoned
-            sentences.append(tokenize(x, language) if isinstance(x, str) else x)
-        observe("tokenize", time.thread_time() - start)
-        return sentences
+# Words past the limit that a cut text keeps for Moses: its rules look at the next word (a non-breaking prefix such
+# as "Dr." stays whole before a name) and at the text's end, so the tokens kept are those of the whole text.
+CUT_MARGIN_WORDS = 16
 
-    return tokenize_all
+
+def _kept_parts(items: list, limit: int) -> tuple[list, dict[int, int]]:
+    """With truncate: each text of more than `limit` + CUT_MARGIN_WORDS words (by whitespace) cut after those,
+    and for each cut text, its words: a lower bound on its tokens (Moses only splits words further)."""
+    kept, at_least = list(items), {}
+    for i, x in enumerate(items):
+        if isinstance(x, str) and (end := word_end(x, limit + CUT_MARGIN_WORDS)) is not None:
+            kept[i], at_least[i] = x[:end], min_tokens(x)
+    return kept, at_least
 
 
 def reserve_answer(

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 
 from service.api import tracing
 from service.api.answers import Abandoned, Base64, json_response, respond
+from service.api.bodies import parsed_off_loop
 from service.api.dependencies import model_named, registry, runtime
 from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
 from service.api.errors import OPENAI_ERRORS
@@ -20,7 +21,7 @@ from service.errors import InvalidRequest
 from service.mix import compose
 from service.models import ServedModel
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=parsed_off_loop("input"))
 
 
 @router.post(

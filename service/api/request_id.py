@@ -94,8 +94,7 @@ class RequestId:
         if client:
             fields["client"] = client[0]
         fields.update({k: v for k, v in request.fields().items() if k in ("model", "sentences", "tokens")})
-        where = request.route or request.fields().get("path", "")
-        access_log.info("%s %s", request.method, where, extra={"request": request.fields(), "fields": fields})
+        access_log.info("%s %s", request.method, request.route, extra={"request": request.fields(), "fields": fields})
 
 
 def _json(start: dict) -> bool:

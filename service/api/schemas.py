@@ -13,6 +13,9 @@ Number = Annotated[float, Field(allow_inf_nan=False, ge=-1e6, le=1e6)]
 # Layers or mixes per request: each one is a copy of the answer, so a list of a million would need
 # a million times its memory.
 MAX_OUTPUTS = 8
+# Weights of a mix, one per layer: ELMo's have 3 layers (4 with the token layer counted twice); a list longer than
+# any model's layers is refused as it is read (service/api/bodies.py), not after a million numbers were built.
+MAX_LAYERS = 64
 # Validation stops at a list's first wrong item (pydantic's fail_fast): a body of a million wrong items would
 # otherwise cost a million error objects (8 s and 850 MB of the event loop for 2 MB of integers). Likewise at
 # most this many unknown fields are reported (each is an error too).
@@ -43,7 +46,7 @@ class _Strict(BaseModel):
 
 class Mix(_Strict):
     weights: list[Number] | None = Field(
-        None, fail_fast=True, description="scalar weights s_j, one per layer; default all 0"
+        None, fail_fast=True, max_length=MAX_LAYERS, description="scalar weights s_j, one per layer; default all 0"
     )
     gamma: Number = Field(1.0, description="scale of the mix")
     normalize: Literal["softmax", "none"] = Field("softmax", description="softmax(s) (the paper's mix) or s as is")
@@ -97,6 +100,11 @@ class EmbeddingItem(BaseModel):
     dtype: Literal["float16"] | None = Field(None, description='with dtype "float16": the base64 bytes are float16')
     truncated: bool | None = Field(None, description="with `truncate`: whether the sentence was cut to the limit")
     original_tokens: int | None = Field(None, description="with `truncate`: the sentence's tokens before the cut")
+    original_tokens_at_least: bool | None = Field(
+        None,
+        description="with `truncate`, true where a text was cut before Moses read it all (only what can be kept is "
+        "tokenized): original_tokens is then its words, a lower bound on its tokens",
+    )
 
 
 class Usage(BaseModel):
@@ -131,6 +139,11 @@ class TokenizedSentence(BaseModel):
     kept_bytes: list[int] = Field(..., description="how many of those (the first ones) the model reads: see token_cut")
     truncated: bool = Field(..., description="whether the sentence was cut to max_tokens_per_sentence (truncate)")
     original_tokens: int = Field(..., description="the sentence's tokens before any cut")
+    original_tokens_at_least: bool | None = Field(
+        None,
+        description="with `truncate`, true where a text was cut before Moses read it all (only what can be kept is "
+        "tokenized): original_tokens is then its words, a lower bound on its tokens",
+    )
 
 
 class TokenizeResponse(BaseModel):
@@ -181,6 +194,11 @@ class OpenAIEmbedding(BaseModel):
     embedding: list[float] | str
     truncated: bool | None = Field(None, description="with `truncate`: whether the input was cut to the limit")
     original_tokens: int | None = Field(None, description="with `truncate`: the input's tokens before the cut")
+    original_tokens_at_least: bool | None = Field(
+        None,
+        description="with `truncate`, true where a text was cut before Moses read it all (only what can be kept is "
+        "tokenized): original_tokens is then its words, a lower bound on its tokens",
+    )
 
 
 class OpenAIUsage(BaseModel):

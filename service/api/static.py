@@ -95,7 +95,9 @@ def _files(app: FastAPI) -> dict[str, Answer]:
 async def _send(answer: Answer, scope, send) -> None:
     headers = [(b"content-type", answer.media_type.encode()), (b"etag", answer.etag)]
     matches = [value for name, value in scope["headers"] if name == b"if-none-match"]
-    if matches and answer.etag in b",".join(matches).replace(b" ", b"").split(b","):
+    tags = b",".join(matches).replace(b" ", b"").replace(b"\t", b"").split(b",") if matches else []
+    # If-None-Match compares weakly (RFC 9110, 13.1.2): W/"x" matches "x"; and "*" matches any answer there is.
+    if any(tag == b"*" or tag.removeprefix(b"W/") == answer.etag for tag in tags):
         await send({"type": "http.response.start", "status": 304, "headers": headers})
         await send({"type": "http.response.body", "body": b""})
         return

@@ -11,14 +11,17 @@ import time
 
 EVERY_S = 10.0
 PER_WINDOW = 20  # lines of one kind over all addresses every EVERY_S
-MAX_ADDRESSES = 10_000  # addresses remembered; past it, those not heard from for EVERY_S are forgotten
+# (kind, address) pairs remembered, written and held back each: past it, those not heard from for `every_s` are
+# forgotten, and if all were heard from since, the longest quiet (200,000 addresses held back once stayed forever)
+MAX_ADDRESSES = 10_000
 
 
 class AddressLog:
     def __init__(self, logger: logging.Logger, every_s: float = EVERY_S, per_window: int = PER_WINDOW):
         self.logger, self.every_s, self.per_window = logger, every_s, per_window
         self._last: dict[tuple[str, str], float] = {}  # (kind, address): when its last line was written
-        self._held: dict[tuple[str, str], int] = {}  # (kind, address): lines held back since
+        # (kind, address): lines held back since its last line, and when the latest was (oldest first)
+        self._held: dict[tuple[str, str], tuple[int, float]] = {}
         self._window: dict[str, tuple[float, int, int]] = {}  # kind: (window start, lines written, held back)
 
     def info(self, kind: str, address: str, message: str, *args) -> bool:
@@ -29,13 +32,17 @@ class AddressLog:
         if now - start >= self.every_s:
             start, written = now, 0
         if now - self._last.get(key, -self.every_s) < self.every_s or written >= self.per_window:
-            self._held[key] = self._held.get(key, 0) + 1
+            count, _ = self._held.pop(key, (0, now))
+            self._held[key] = (count + 1, now)  # moved to the end: the dict stays oldest first
+            if len(self._held) > MAX_ADDRESSES:
+                self._forget(now, self._held)
             self._window[kind] = (start, written, held_all + 1)
             return False
         if len(self._last) >= MAX_ADDRESSES:
-            self._forget(now)
+            self._forget(now, self._last)
+        self._last.pop(key, None)
         self._last[key] = now
-        held = self._held.pop(key, 0)
+        held, _ = self._held.pop(key, (0, now))
         suffix = ""
         if held or held_all:
             suffix = f" (and {held} more from this address, {held_all} from all, not logged since the last such line)"
@@ -43,7 +50,12 @@ class AddressLog:
         self.logger.info(message + suffix, *args)
         return True
 
-    def _forget(self, now: float) -> None:
+    def _forget(self, now: float, full: dict) -> None:
+        """Both memories without the pairs quiet for `every_s`; then `full` without its oldest, down to below
+        MAX_ADDRESSES (their held-back counts are then said only in the kind's count over all addresses)."""
         for key in [key for key, last in self._last.items() if now - last >= self.every_s]:
             del self._last[key]
-            self._held.pop(key, None)
+        for key in [key for key, (_, last) in self._held.items() if now - last >= self.every_s]:
+            del self._held[key]
+        while len(full) >= MAX_ADDRESSES:
+            del full[next(iter(full))]

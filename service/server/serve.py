@@ -16,6 +16,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from service.api.health import LIVE_PATH, live_answer
+from service.api.tracing import TraceContextGate
 from service.metrics import Metrics
 from service.server import uvicorn_compat
 from service.server.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
@@ -55,8 +56,11 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         live_path=LIVE_PATH,
         live=live_answer,
     )
+    # trace context only from the trusted proxies: judged by the connection's peer, before the proxy headers'
+    # middleware (inside the gate here, not around it as uvicorn would put it) names the client
+    forwarded = uvicorn_compat.proxy_headers(app, trusted) if trusted else app
     return uvicorn_compat.run(
-        app,
+        TraceContextGate(forwarded, caps.trusted),
         http,
         on_signal=on_signal,
         on_drain_cut=BoundedHttpProtocol.cut_off,
@@ -68,7 +72,7 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         access_log=False,  # the service's own access line, with the request id: ELMO_ACCESS_LOG
         ws="none",  # no route is a WebSocket: an upgrade is refused by the protocol before anything logs it
         # X-Forwarded-For only from the proxies named (uvicorn's default trusts 127.0.0.1's: any local process's)
-        proxy_headers=bool(trusted),
+        proxy_headers=False,  # applied above, inside the trace context gate
         forwarded_allow_ips=trusted,
         timeout_graceful_shutdown=settings.drain_s,
         timeout_keep_alive=settings.keep_alive_s,

@@ -25,7 +25,7 @@ from typing import Any
 
 import httptools
 import uvicorn
-from uvicorn.middleware.proxy_headers import _TrustedHosts
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware, _TrustedHosts
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
@@ -240,6 +240,13 @@ class TrustedProxies:
 
 
 # -- the server
+
+
+def proxy_headers(app, trusted: str):
+    """`app` behind uvicorn's X-Forwarded-For/-Proto middleware for the proxies `trusted` names: what uvicorn's
+    `proxy_headers=True` wraps the app in, given to the caller to place (service/server/serve.py puts the trace
+    context gate around it, so that the gate judges the connection's own peer)."""
+    return ProxyHeadersMiddleware(app, trusted_hosts=trusted)
 
 
 def run(

@@ -65,3 +65,14 @@ def max_tokens(text: str, stop: int | None = None) -> int:
     every other token holds at least one other character. `"a," * 4_000_000` is one word and 8 000 000
     tokens; counting stops at `stop`, so a text over a limit costs no more than the limit to refuse."""
     return sum(1 for _ in islice(_PIECE.finditer(text), stop))
+
+
+def word_end(text: str, words: int) -> int | None:
+    """Where the text's `words`-th word by whitespace ends, if more words follow; None if it has no more words
+    than that. Linear, and stops there: a text of 16,000 words cut after 1,016 costs what those do."""
+    found = None
+    for k, match in enumerate(_WORD.finditer(text)):
+        if k == words:
+            return found
+        found = match.end()
+    return None

@@ -48,7 +48,9 @@ def test_the_shipped_export_is_models_default_exported_now(default_model_dir):
     assert {k: shipped[k] for k in same} == {k: fresh[k] for k in same}, AGAIN
     kinds = [(g["file"], g["kind"], g["precision"], g["window"]) for g in fresh["graphs"]]
     assert [(g["file"], g["kind"], g["precision"], g["window"]) for g in shipped["graphs"]] == kinds, AGAIN
-    assert shipped["canaries"]["sentences"] == fresh["canaries"]["sentences"] == CHECK_SENTENCES, AGAIN
+    assert shipped["canaries"]["sentences"] == fresh["canaries"]["sentences"], AGAIN
+    assert fresh["canaries"]["sentences"][: len(CHECK_SENTENCES)] == CHECK_SENTENCES  # and the byte canary after
+    assert set(shipped.get("files", {})) == set(fresh["files"]), AGAIN  # each file's sha256, checked at start-up
     with np.load(SHIPPED / CANARIES_FILE) as a, np.load(default_model_dir / CANARIES_FILE) as b:
         assert sorted(a.files) == sorted(b.files)
         assert max_abs_error([a[k] for k in sorted(a.files)], [b[k] for k in sorted(b.files)]) <= 1e-5, AGAIN

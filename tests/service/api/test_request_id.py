@@ -134,7 +134,7 @@ def record(message: str, **extra) -> logging.LogRecord:
 def test_json_lines_hold_the_fields_and_text_lines_end_with_the_id():
     request = RequestLog("demo-123", "POST", {"path": "/embed"}, model="default", tokens=6)
     fields = request.fields()
-    assert fields == {"request_id": "demo-123", "method": "POST", "path": "/embed", "model": "default", "tokens": 6}
+    assert fields == {"request_id": "demo-123", "method": "POST", "route": "other", "model": "default", "tokens": 6}
     line = json.loads(JsonFormatter().format(record("queue full", request=fields, fields={"status": 503})))
     assert line["time"].endswith("Z") and line["level"] == "warning" and line["logger"] == "elmo.service"
     assert line["message"] == "queue full" and line["request_id"] == "demo-123" and line["status"] == 503
@@ -149,4 +149,6 @@ def test_json_lines_hold_the_fields_and_text_lines_end_with_the_id():
         failed = json.loads(JsonFormatter().format(record("failed", exc_info=sys.exc_info())))
     assert "RuntimeError: boom" in failed["exception"] and "\n" not in JsonFormatter().format(record("a\nb"))
     long = RequestLog("x", "GET", {"path": "/" + "a" * 1000})
-    assert len(long.fields()["path"]) == 100  # a path no route matched, cut short
+    assert long.fields()["route"] == "other" and "path" not in long.fields()  # no route matched: never the path
+    forged = TextFormatter().format(record("GET /x\r\n2026 INFO fake\x1b[2K\u2028", fields={"client": "a\nb"}))
+    assert forged.endswith("GET /x\\x0d\\x0a2026 INFO fake\\x1b[2K\\u2028 client=a\\x0ab")

@@ -15,21 +15,68 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from model_export.export import CHECK_SENTENCES
 from service.engine import canary
 from service.engine.canary import FP32_TOLERANCE, CanaryMismatch, allowance, check, cosine_min, prove
 from service.engine.session import Engine
+from service.manifest import sha256
 from tests.live_server import counter, refused_to_start, running_server
 
 
-def altered(tiny_model_dir: Path, folder: Path, graph: str, initializer: str, change) -> Path:
-    """A copy of the export whose `graph` file has the first initializer named `initializer`... changed."""
+def altered(tiny_model_dir: Path, folder: Path, graph: str, initializer: str, change, resum: bool = True) -> Path:
+    """A copy of the export whose `graph` file has the first initializer named `initializer`... changed; with
+    `resum`, its manifest records the changed file's sha256 (one who changes a graph can change the manifest
+    too: the canaries must still catch it), else the sum of the file as exported."""
     shutil.copytree(tiny_model_dir, folder)
     model = onnx.load(str(folder / graph))
     tensor = next(t for t in model.graph.initializer if t.name.startswith(initializer))
     tensor.CopyFrom(numpy_helper.from_array(change(numpy_helper.to_array(tensor)), tensor.name))
     onnx.save(model, str(folder / graph))
+    if resum:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest.setdefault("files", {})[graph] = sha256(folder / graph)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
+
+
+def changed_row(table: np.ndarray, row: int) -> np.ndarray:
+    table = table.copy()
+    table[row] += 0.5
+    return table
+
+
+def test_a_graph_changed_after_export_is_refused_by_its_sum(tiny_model_dir, tmp_path):
+    model_dir = altered(tiny_model_dir, tmp_path / "m", "model.onnx", "b_proj", lambda b: b + 1e-3, resum=False)
+    text = refused_to_start(model_dir, tmp_path / "server.log", {})
+    assert f"{model_dir / 'model.onnx'}: its sha256 is {sha256(model_dir / 'model.onnx')}, and the manifest" in text
+    assert "changed or damaged after export; export it again with elmo-export" in text
+
+
+def test_a_manifest_without_sums_is_refused(tiny_model_dir, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(tiny_model_dir, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["files"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    text = refused_to_start(old, tmp_path / "server.log", {})
+    assert "records no sha256 of its files" in text and "export it again with elmo-export" in text, text
+
+
+@pytest.mark.parametrize("byte", [ord("Z"), 0x00, 0xF4])
+def test_a_changed_row_of_the_char_table_changes_a_canary(tiny_model_dir, tmp_path, byte):
+    """Every byte UTF-8 text can hold is in a canary: a copy of model.onnx with one row of the char embedding
+    changed (the byte's id is byte + 1), its manifest's sum made to match, is refused by its canaries (before:
+    the five sentences held 49 byte values, and 'Z' was not one: error 0, served)."""
+    model_dir = altered(tiny_model_dir, tmp_path / "m", "model.onnx", "char_embed", lambda t: changed_row(t, byte + 1))
+    text = refused_to_start(model_dir, tmp_path / "server.log", {})
+    assert "graph model.onnx (fp32) on CPUExecutionProvider: canaries DISAGREE" in text, text
+
+
+def test_the_canaries_hold_every_byte_utf8_text_can_hold(tiny_model_dir):
+    sentences = json.loads((tiny_model_dir / "manifest.json").read_text())["canaries"]["sentences"]
+    seen = {b for sentence in sentences for token in sentence for b in token.encode("utf-8")}
+    assert seen == set(range(256)) - {0xC0, 0xC1, *range(0xF5, 0x100)}  # 243: what UTF-8 text can hold
+    cut = Engine(tiny_model_dir, provider="cpu", intra_op_threads=1).info.mapping.max_bytes
+    assert all(len(token.encode("utf-8")) <= cut for token in sentences[-1])  # each read whole, nothing cut off
 
 
 def test_an_altered_int8_graph_is_refused_naming_graph_provider_and_figures(tiny_model_dir, tmp_path):
@@ -78,10 +125,11 @@ def test_a_sound_server_shows_its_canaries_in_info_and_metrics(tiny_model_dir, t
             True,
             True,
         )
-        tokens = sum(map(len, CHECK_SENTENCES))
-        assert report["max_abs_error"] <= FP32_TOLERANCE and (report["sentences"], report["tokens"]) == (5, tokens)
+        sentences = json.loads((tiny_model_dir / "manifest.json").read_text())["canaries"]["sentences"]
+        tokens = sum(map(len, sentences))
+        assert report["max_abs_error"] <= FP32_TOLERANCE and (report["sentences"], report["tokens"]) == (6, tokens)
         assert counter(client, "elmo_canary_agree", model=tiny_model_dir.name) == 1
-    assert f"canaries agree with the reference on 5 sentences ({tokens} tokens)" in server.log.read_text()
+    assert f"canaries agree with the reference on 6 sentences ({tokens} tokens)" in server.log.read_text()
 
 
 def test_an_export_without_canaries_is_served_with_a_clear_log_line(tiny_model_dir, tmp_path):

@@ -114,6 +114,27 @@ def test_what_a_client_makes_the_server_log_is_bounded(caplog):
         "since the last such line)"  # fmt: skip
 
 
+def test_the_addresses_the_log_remembers_are_bounded_by_count_and_age(monkeypatch):
+    """200,000 addresses held back (the window full) left 199,980 entries (33.7 MB) for good: now at most
+    MAX_ADDRESSES at once, and none an hour later once a line is written. (A unit test: 200,000 source addresses
+    are more than a real server's test can open here.)"""
+    from service.api import log_bounds
+
+    clock = [1000.0]
+    monkeypatch.setattr(log_bounds.time, "monotonic", lambda: clock[0])
+    log = AddressLog(logging.getLogger("bounded"), every_s=10, per_window=20)
+    for k in range(200_000):
+        log.info("refused", f"10.{k >> 16}.{(k >> 8) & 255}.{k & 255}", "refused")
+    assert len(log._held) <= log_bounds.MAX_ADDRESSES and len(log._last) == 20
+    clock[0] += 3600
+    assert log.info("refused", "10.9.9.9", "refused")  # an hour later: written, and the rest forgotten on the way
+    log.info("refused", "10.9.9.8", "refused")
+    for k in range(log_bounds.MAX_ADDRESSES):  # the memory full again: the quiet ones go first
+        log.info("other", f"11.0.{k >> 8}.{k & 255}", "x")
+    assert len(log._held) <= log_bounds.MAX_ADDRESSES and len(log._last) <= log_bounds.MAX_ADDRESSES
+    assert not [key for key in log._held if key[0] == "refused" and key[1].startswith("10.0.")]
+
+
 @pytest.mark.parametrize("entry", ["*", "proxy.local"])
 def test_only_addresses_and_networks_are_trusted(entry):
     from pydantic import ValidationError

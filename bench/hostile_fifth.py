@@ -1,0 +1,331 @@
+"""The fifth round of hardening (issue 39), `python -m bench.hostile --rounds fifth --before DIR`: each row runs
+against the code of `--before` (a checkout at the commit before the fixes) and then of this checkout, back to back
+on the same machine, and prints both figures with the CPU's flags and the load.
+
+18. bodies that parse for seconds: 8 MB of 2.8 M empty lists, of one-token sentences, of `weights`, a /tokenize
+    body and a /v1/embeddings `input` of 2 M strings: the time to the answer, the slowest /health/live meanwhile
+    (polled every 20 ms) and the server's RSS growth (goal: liveness < 0.1 s, RSS a small multiple of the body);
+19. model.onnx with the char-embedding row of 'Z' changed, its manifest's sum made to match, and left as exported:
+    served or refused (goal: refused, by the canaries and by the sum);
+20. one request whose path holds CR, LF and ESC, with the text access log on: raw control bytes in the log
+    (goal: none);
+21. four connections from one address looping 8 texts of 200,000 characters on /tokenize (one tokenizing thread),
+    beside another address's small texts: their p50, p99, max (goal: p99 < 1 s); then 20 texts of 8,400 words
+    with truncate: the time to the answer;
+22. ELMO_FORWARDED_ALLOW_IPS=0.0.0.0/0 and ::/0, ELMO_API_KEYS=",,,", ELMO_METRICS_PORT equal to the port: exit
+    status and time (goal: refused before loading); If-None-Match with the ETag, a weak one and '*' (goal: 304).
+
+    python -m bench.hostile_fifth --before DIR [--model EXPORT] [--before-model EXPORT] [--rows parse,tamper,...]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from bench.common import start_server
+
+JSON = {"content-type": "application/json"}
+EIGHT_MB = 8 << 20
+
+
+def cpu_line() -> str:
+    flags = re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    wanted = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "amx_tile")
+    have = [f for f in wanted if flags and f in flags.group(1).split()]
+    return f"{os.cpu_count()} cores, flags {' '.join(have) or 'none of avx/avx2/avx512'}, load {os.getloadavg()[0]:.1f}"
+
+
+def _filled(head: bytes, item: bytes, tail: bytes, size: int = EIGHT_MB - 64) -> bytes:
+    return head + item * ((size - len(head) - len(tail)) // len(item)) + item.rstrip(b",") + tail
+
+
+PARSE_BODIES = {
+    "empty lists": ("/embed", lambda: _filled(b'{"sentences": [', b"[],", b"]}")),
+    "one-token sentences": ("/embed", lambda: _filled(b'{"sentences": [', b'["a"],', b"]}")),
+    "weights": ("/embed", lambda: _filled(b'{"sentences": [["a"]], "weights": [', b"0.5,", b"]}")),
+    "/tokenize": ("/tokenize", lambda: _filled(b'{"sentences": [', b'["a"],', b"]}")),
+    "/v1 input": ("/v1/embeddings", lambda: _filled(b'{"input": [', b'"a",', b"]}")),
+}
+
+
+class Liveness:
+    """/health/live every 20 ms on a thread of its own: the slowest answer while running."""
+
+    def __init__(self, url: str):
+        import threading
+
+        self.url, self.stop, self.slowest = url, threading.Event(), 0.0
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while not self.stop.is_set():
+                start = time.perf_counter()
+                client.get("/health/live")
+                self.slowest = max(self.slowest, time.perf_counter() - start)
+                time.sleep(0.02)
+
+    def __enter__(self) -> Liveness:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+class PeakRss(Liveness):
+    """The server's largest VmRSS, sampled every 50 ms while running, above what it was at the start."""
+
+    def __init__(self, pid: int):
+        super().__init__("")
+        self.pid = pid
+        self.start = self.peak = self._rss()
+
+    def _rss(self) -> int:
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) * 1024
+
+    def _poll(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.05)
+
+    @property
+    def grown_mb(self) -> float:
+        return (self.peak - self.start) / 1e6
+
+
+def parse_on_loop(model: Path, tree: Path) -> str:
+    server, url, _ = start_server(model, root=tree)
+    figures = []
+    try:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            for name, (path, make) in PARSE_BODIES.items():
+                body = make()
+                with PeakRss(server.pid) as rss, Liveness(url) as live:
+                    time.sleep(0.1)
+                    start = time.perf_counter()
+                    status = client.post(path, content=body, headers=JSON).status_code
+                    took = time.perf_counter() - start
+                    time.sleep(0.1)
+                figures.append(
+                    f"{name} ({len(body) / 1e6:.1f} MB) {status} in {took:.2f} s, liveness max "
+                    f"{live.slowest * 1e3:.0f} ms, RSS +{rss.grown_mb:.0f} MB"
+                )
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return "; ".join(figures)
+
+
+def tampered_graph(model: Path, tree: Path, before_model: Path | None = None) -> str:
+    """A copy of the export whose model.onnx has the char-embedding row of 'Z' changed, its manifest's sum made to
+    match (as one who changes a graph could), and one with the sum left as exported: served or refused."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    import onnx
+    from onnx import numpy_helper
+
+    from service.manifest import sha256
+
+    figures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for resum in (True, False):
+            folder = Path(tmp) / f"m{resum}"
+            shutil.copytree(model, folder)
+            graph = onnx.load(str(folder / "model.onnx"))
+            table = next(t for t in graph.graph.initializer if t.name.startswith("char_embed"))
+            rows = numpy_helper.to_array(table).copy()
+            rows[ord("Z") + 1] += 0.5
+            table.CopyFrom(numpy_helper.from_array(rows, table.name))
+            onnx.save(graph, str(folder / "model.onnx"))
+            manifest = json.loads((folder / "manifest.json").read_text())
+            if resum:
+                manifest.setdefault("files", {})["model.onnx"] = sha256(folder / "model.onnx")
+            (folder / "manifest.json").write_text(json.dumps(manifest))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")} | {"ELMO_PROVIDER": "cpu"}
+            start = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
+                 "--model", str(folder), "--port", "0"],
+                cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            try:
+                out, _ = proc.communicate(timeout=30)
+                verdict = f"refused in {time.perf_counter() - start:.1f} s ({_why(out)})"
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                out, _ = proc.communicate(timeout=30)
+                verdict = "SERVED" + (f" ({_why(out)})" if "canaries" in out else "")
+            figures.append(f"{'sum made to match' if resum else 'sum as exported'}: {verdict}")
+    return "; ".join(figures)
+
+
+def _why(out: str) -> str:
+    for marker in ("sha256", "records no sha256", "canaries"):
+        for line in out.splitlines():
+            if marker in line:
+                return line.split(": ", 1)[-1][:150]
+    return out.strip().splitlines()[-1][:150] if out.strip() else "no output"
+
+
+def forged_log(model: Path, tree: Path) -> str:
+    """One request whose path holds CR, LF and ESC, with ELMO_ACCESS_LOG=true (text): raw control bytes in the log."""
+    import socket
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        settings = {"ELMO_ACCESS_LOG": "true", "ELMO_LOG_LEVEL": "info"}
+        server, _, port = start_server(model, root=tree, log=log, settings=settings)
+        try:
+            forged = b"/x%0D%0A2026-11-28%2012:00:00,000%20INFO%20elmo.access:%20GET%20/embed%1B[2K%1B[1A"
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                sock.sendall(b"GET " + forged + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                while sock.recv(65536):
+                    pass
+            time.sleep(0.5)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        text = log.read_bytes()
+    raw = sum(text.count(c) for c in (b"\r", b"\x1b"))
+    line = next((x for x in text.split(b"\n") if b"elmo.access" in x and b"404" in x), b"")
+    return f"raw CR/ESC bytes in the log: {raw}; the access line: {line[24:120]!r}"
+
+
+LONG_TEXT = " ".join(["x" * 199] * 1000)  # 200,000 characters, 1,000 tokens
+
+
+def tokenizing_turns(model: Path, tree: Path, seconds: float = 12) -> str:
+    """Four connections from 127.0.0.2 looping 8 texts of 200,000 characters on /tokenize (one tokenizing thread),
+    beside small text requests from 127.0.0.3 every 0.1 s; then 20 texts of 8,400 words with truncate."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    server, url, _ = start_server(model, root=tree, settings={"ELMO_TOKENIZE_THREADS": "1"})
+    try:
+        body = orjson.dumps({"sentences": [LONG_TEXT] * 8})
+        stop, times = [False], []
+
+        def attacker(_):
+            transport = httpx.HTTPTransport(local_address="127.0.0.2")
+            with httpx.Client(base_url=url, transport=transport, timeout=300) as c:
+                while not stop[0]:
+                    c.post("/tokenize", content=body, headers=JSON)
+
+        with ThreadPoolExecutor(4) as pool:
+            attacks = [pool.submit(attacker, k) for k in range(4)]
+            time.sleep(1.0)
+            transport = httpx.HTTPTransport(local_address="127.0.0.3")
+            with httpx.Client(base_url=url, transport=transport, timeout=300) as c:
+                end = time.perf_counter() + seconds
+                while time.perf_counter() < end:
+                    start = time.perf_counter()
+                    c.post("/tokenize", json={"sentences": ["She went to the bank."]})
+                    times.append(time.perf_counter() - start)
+                    time.sleep(0.1)
+            stop[0] = True
+            for attack in attacks:
+                attack.result()
+        words = ("Dr. Smith went to the U.S. in 1999 , e.g. to see Mr. Jones . " * 600).split()
+        texts = [" ".join(words[k:]) for k in range(20)]
+        with httpx.Client(base_url=url, timeout=300) as c:
+            start = time.perf_counter()
+            status = c.post("/tokenize", json={"sentences": texts, "truncate": True}).status_code
+            took = time.perf_counter() - start
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    p50, p99 = np.percentile(times, [50, 99])
+    return (f"other address's small texts: {len(times)} requests, p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "
+            f"max {max(times) * 1e3:.0f} ms; truncate, 20 texts of 8,400 words: {status} in {took:.2f} s")  # fmt: skip
+
+
+def settings_and_etags(model: Path, tree: Path) -> str:
+    import socket
+    import subprocess
+    import sys
+
+    figures = []
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cases = {
+        "0.0.0.0/0": {"ELMO_FORWARDED_ALLOW_IPS": "0.0.0.0/0"},
+        "::/0": {"ELMO_FORWARDED_ALLOW_IPS": "::/0"},
+        "keys ',,,'": {"ELMO_API_KEYS": ",,,"},
+        "metrics port = port": {"ELMO_METRICS_PORT": str(port)},
+    }
+    for name, settings in cases.items():
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ELMO_")} | {"ELMO_PROVIDER": "cpu", **settings}
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from service.cli import serve_main; sys.exit(serve_main())",
+             "--model", str(model), "--port", str(port)],
+            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            code = proc.wait(timeout=20)
+            figures.append(f"{name}: exit {code} in {time.perf_counter() - start:.1f} s")
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait(timeout=60)
+            figures.append(f"{name}: SERVED (still running after 20 s)")
+    server, url, _ = start_server(model, root=tree)
+    try:
+        etag = httpx.get(f"{url}/openapi.json").headers["etag"]
+        for tag in (etag, f"W/{etag}", "*"):
+            status = httpx.get(f"{url}/openapi.json", headers={"if-none-match": tag}).status_code
+            figures.append(f"If-None-Match {tag[:6]}...: {status}")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return "; ".join(figures)
+
+
+ROWS = {
+    "parse": ("18. bodies parsed on the event loop", parse_on_loop),
+    "tamper": ("19. model.onnx with the char row of 'Z' changed", tampered_graph),
+    "log": ("20. a forged access-log line", forged_log),
+    "tokenize": ("21. one address's long texts beside another's", tokenizing_turns),
+    "settings": ("22. settings and If-None-Match", settings_and_etags),
+}
+
+
+def fifth_round(model: Path, before: Path, after: Path, rows: list[str], before_model: Path | None = None) -> None:
+    """Each row against `before` and then `after`; `before_model`: the export the before tree's elmo-export makes
+    (the canaries are the export's: row 19's before figure needs one), else `model` for both."""
+    print(f"fifth round: before = {before}, after = {after}; {cpu_line()}")
+    for row in rows:
+        name, measure = ROWS[row]
+        for label, tree in (("before", before), ("after", after)):
+            used = before_model if (label == "before" and before_model is not None) else model
+            print(f"{name} {label}: {measure(used, tree)}  [{cpu_line()}]", flush=True)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from service.settings import DEFAULT_MODEL_DIR
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--before", type=Path, required=True, help="a checkout at the commit before the fixes")
+    parser.add_argument("--before-model", type=Path, help="the before tree's export of the same model (row 19)")
+    parser.add_argument("--rows", default=",".join(ROWS))
+    args = parser.parse_args()
+    here = Path(__file__).resolve().parents[1]
+    fifth_round(args.model, args.before, here, args.rows.split(","), args.before_model)
