@@ -172,9 +172,10 @@ def embed_file(
     reader = _Stage(stop, _read_ahead, input_path, shard, batch_tokens, planned, stop)
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype {dtype!r}: float32 or float16")
-    # The layers stay float32 until the writer has selected them, so that --average averages float32 numbers
-    # (as allennlp) and a float16 dataset is rounded once.
-    assembler = _Stage(stop, _assemble, finished, assembled, stop, np.dtype(np.float32))
+    # --average's layers stay float32 until the writer has averaged them (as allennlp), so that a float16 dataset
+    # is rounded once; all layers or the top one are rounded by the assembler, off the one writing thread.
+    early = np.dtype(np.float32) if output.layers == "average" else np.dtype(dtype)
+    assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
     writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype))
     stages = (reader, assembler, writer)
     try:

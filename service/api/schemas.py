@@ -71,7 +71,9 @@ class EmbedRequest(Mix):
         description='with output "layers": which layers, in this order',
     )
     pooling: Literal["none", "mean"] = Field("none", description='"mean" averages over the tokens')
-    encoding: Literal["float", "base64"] = Field("float", description="base64: little-endian float32, C order")
+    encoding: Literal["float", "base64"] = Field(
+        "float", description="base64: little-endian float32 (float16 with dtype), C order"
+    )
     dtype: Literal["float32", "float16"] = Field(
         "float32",
         description="float16: half the bytes, each number rounded once (base64 or the .npz answer only; the error "
