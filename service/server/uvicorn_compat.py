@@ -89,6 +89,11 @@ def answer_complete(cycle: Cycle) -> bool:
     return cycle.response_complete
 
 
+def body_all_in(cycle: Cycle) -> bool:
+    """Whether the request's body has all arrived (parsed to its end)."""
+    return not cycle.more_body
+
+
 def body_held(cycle: Cycle) -> int:
     """Bytes of the request's body read and not yet taken by the app."""
     return len(cycle.body)
@@ -352,6 +357,7 @@ async def _exchanges(protocol: type[HttpBase]) -> list[str]:
         """Every name the protocol reads, on a live instance with a request in progress."""
         started.append(scope_of(cycle)["path"])
         read = (answer_started(cycle), answer_complete(cycle), client_gone(cycle), body_held(cycle))
+        read += (body_all_in(cycle),)
         read += (connection.current, connection.waiting, connection.http_parser, connection.head_fields)
         read += (connection.server_headers, connection.mounted_at, connection.wire, connection.event_loop)
         read += (connection.peer, connection.flow.read_paused)
@@ -409,7 +415,8 @@ async def _exchanges(protocol: type[HttpBase]) -> list[str]:
 # The protocol's methods uvicorn, httptools or asyncio call, watched by the self-check.
 CALLED = (
     "connection_made", "connection_lost", "data_received", "eof_received", "on_message_begin", "on_url", "on_header",
-    "on_headers_complete", "on_body", "on_message_complete", "on_response_complete", "start_request", "other_upgrade",
+    "on_headers_complete", "on_chunk_header", "on_body", "on_message_complete", "on_response_complete",
+    "start_request", "other_upgrade",
 )  # fmt: skip
 
 
