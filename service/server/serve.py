@@ -3,10 +3,11 @@ the connections' caps, and the stop sequence a service behind a load balancer ne
 service/server/uvicorn_compat.py alone; `check_uvicorn` refuses, before the model is loaded, a uvicorn the protocol
 cannot run on.
 
-The stop sequence: on SIGTERM (or SIGINT) /health/ready turns 503 at once (`on_signal`), no new connection is
+The stop sequence: on SIGTERM (or SIGINT, or SIGHUP) /health/ready turns 503 at once (`on_signal`), no new connection is
 accepted, requests in flight are answered (for at most ELMO_DRAIN_S seconds; then the connections whose answer is
 still being sent are closed, and the requests still running cancelled: service/api/middleware.py's DrainCutoff
-answers those 503), the batcher finishes its queue, and the process exits 0. A second signal stops waiting."""
+answers those 503), the batcher finishes its queue, and the process exits 0. A second signal stops it at once: one
+line in the log, and exit status 0 (uvicorn_compat._DrainingServer.stop_now)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,13 @@ before the server starts (`check`):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import socket
+import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -44,7 +49,7 @@ METHODS = {
         "on_header", "on_headers_complete", "pause_writing", "resume_writing", "eof_received", "connection_lost",
         "connection_made", "data_received",
     ),
-    uvicorn.Server: ("handle_exit", "shutdown", "_wait_tasks_to_complete", "run"),
+    uvicorn.Server: ("handle_exit", "capture_signals", "shutdown", "_wait_tasks_to_complete", "run"),
     _TrustedHosts: ("__contains__", "get_trusted_client_address"),
 }  # fmt: skip
 
@@ -269,6 +274,11 @@ def run(
     return server.started
 
 
+# The signals that stop the server: each drains it, a second one stops it at once. SIGHUP too: its default action
+# killed the process at once, with no drain and no line in the log (two requests in flight got empty replies).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class _DrainingServer(uvicorn.Server):
     """uvicorn, stopped the way a service behind a balancer should be (service/server/serve.py says how). uvicorn
     itself would raise the signal again once done, so the process would end killed by SIGTERM, not with status 0."""
@@ -277,11 +287,40 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.on_signal, self.on_drain_cut = on_signal, on_drain_cut
 
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn's, with SIGHUP among the signals, and none raised again afterwards."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread only
+            return
+        before = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.on_signal()
         if self.should_exit:
-            self.force_exit = True  # a second signal stops waiting
+            self.stop_now(sig)
+        self.on_signal()
         self.should_exit = True
+
+    def stop_now(self, sig: int) -> None:
+        """A second signal: stop now, without waiting for the requests in flight (their connections are closed by
+        the process's end). uvicorn's own "force exit" skipped the lifespan's shutdown and left asyncio to cancel
+        every task while ONNX Runtime's threads were still computing: a CancelledError traceback when idle, and
+        under load an abort ("terminate called without an active exception", exit 134) as the interpreter
+        finalized around them. Ending the process here, with nothing finalized, cannot abort."""
+        log.warning(
+            "a second stop signal (%s): stopping now, without waiting for the %d request(s) in flight",
+            signal.Signals(sig).name,
+            len(self.server_state.tasks),
+        )
+        for stream in [*logging.getLogger().handlers, *log.handlers, sys.stdout, sys.stderr]:
+            with contextlib.suppress(Exception):  # a stream already closed: nothing left to write
+                stream.flush()
+        os._exit(0)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         log.info(

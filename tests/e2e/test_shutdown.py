@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+import pytest
 
 from tests.live_server import SlowBody, counter, free_port, launch, wait_ready
 
@@ -148,6 +149,73 @@ def test_an_answer_still_being_sent_at_the_drain_bound_ends_without_a_traceback(
         assert "Traceback" not in text and "CancelledError" not in text, text[-3000:]
         assert "the drain time passed while an answer was being sent" in text
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def busy_server(tiny_model_dir, tmp_path, requests: int = 4):
+    """A server computing `requests` requests of six 1,000-token sentences (one engine batch each), sent from a
+    pool of threads: the process, its log, the pool and the requests' futures."""
+    port, log = free_port(), tmp_path / "server.log"
+    url = f"http://127.0.0.1:{port}"
+    proc = launch(tiny_model_dir, log, SETTINGS, port)
+    try:
+        wait_ready(proc, url, log)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    sentences = [[f"w{j % 40}" for j in range(LONG - 1)] + [f"s{k}"] for k in range(6)]
+    body = {"sentences": sentences, "output": "layers", "encoding": "base64"}
+    pool = ThreadPoolExecutor(requests)
+    futures = [pool.submit(httpx.post, f"{url}/embed", json=body, timeout=120) for _ in range(requests)]
+    with httpx.Client(base_url=url) as metrics:
+        deadline = time.monotonic() + 30
+        while counter(metrics, "elmo_inference_seconds_count") < 1:  # the engine is on them
+            assert time.monotonic() < deadline, "the requests never reached the engine"
+            time.sleep(0.01)
+    return proc, log, pool, futures
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_under_load_stops_at_once_with_one_line(tiny_model_dir, tmp_path, sig):
+    # The second signal ended the process with a traceback, or aborted it (exit 134, "terminate called without an
+    # active exception") while ONNX Runtime was computing.
+    proc, log, pool, futures = busy_server(tiny_model_dir, tmp_path)
+    try:
+        proc.send_signal(sig)
+        time.sleep(0.3)  # draining, the requests still computing
+        assert proc.poll() is None
+        proc.send_signal(sig)
+        start = time.monotonic()
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - start < 3
+        text = log.read_text()
+        assert f"a second stop signal ({sig.name}): stopping now" in text, text
+        assert "Traceback" not in text and "terminate called" not in text and "CancelledError" not in text, text
+        unanswered = sum(isinstance(f.exception(), httpx.TransportError) for f in futures)
+        assert unanswered >= 1  # stopped without waiting for them
+    finally:
+        pool.shutdown(wait=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sighup_drains_like_sigterm(tiny_model_dir, tmp_path):
+    # SIGHUP's default action killed the process at once: the requests in flight got empty replies, and nothing
+    # was logged.
+    proc, log, pool, futures = busy_server(tiny_model_dir, tmp_path, requests=2)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        responses = [f.result() for f in futures]
+        assert [r.status_code for r in responses] == [200, 200]
+        assert proc.wait(timeout=DRAIN_S + 10) == 0
+        text = log.read_text()
+        assert "draining" in text and "Traceback" not in text
+    finally:
+        pool.shutdown(wait=True)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
