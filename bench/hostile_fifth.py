@@ -14,15 +14,30 @@ on the same machine, and prints both figures with the CPU's flags and the load.
     with truncate: the time to the answer;
 22. ELMO_FORWARDED_ALLOW_IPS=0.0.0.0/0 and ::/0, ELMO_API_KEYS=",,,", ELMO_METRICS_PORT equal to the port: exit
     status and time (goal: refused before loading); If-None-Match with the ETag, a weak one and '*' (goal: 304).
+23. 20 connections answered 401 (API keys on) before their 1,000-byte bodies came, each then sending one more
+    byte: how many are still open after 30 s of silence (keep-alive 5 s, head timeout 10 s; goal: none);
+24. a 7 MB body in 64 KB chunks, then in 1-byte chunks: the answer, how long it took and the server's CPU for each
+    (goal: < 3x the CPU of the 64 KB chunks, or refused early);
+25. a second SIGTERM, and a second SIGINT, 0.3 s after the first, while the engine computes four requests of six
+    1,000-token sentences: the exit status, how long it took, a traceback or an abort in the log; and SIGHUP with
+    two such requests in flight: their answers and the exit status (goal: a second signal stops at once with exit
+    0 and one line, SIGHUP drains like SIGTERM).
 
     python -m bench.hostile_fifth --before DIR [--model EXPORT] [--before-model EXPORT] [--rows parse,tamper,...]
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -296,12 +311,139 @@ def settings_and_etags(model: Path, tree: Path) -> str:
     return "; ".join(figures)
 
 
+def early_answers_then_a_byte(model: Path, tree: Path, count: int = 20, silence_s: float = 30) -> str:
+    """Connections answered 401 before their bodies came, then sent one more byte of the body."""
+    server, _, port = start_server(model, root=tree, settings={"ELMO_API_KEYS": "bench-key"})
+    try:
+        head = b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"
+        socks, statuses = [], Counter()
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(head)
+            statuses[sock.recv(12)[9:12].decode() or "closed"] += 1
+            sock.sendall(b"x")  # one more byte of the body, after the answer
+            socks.append(sock)
+        time.sleep(silence_s)
+        still_open = 0
+        for sock in socks:
+            sock.settimeout(0)
+            try:
+                while sock.recv(65536):
+                    pass
+            except BlockingIOError:
+                still_open += 1  # nothing to read, and not closed
+            except OSError:
+                pass  # reset: closed
+            sock.close()
+        return f"answered {dict(statuses)}; {still_open} of {count} still open after {silence_s:.0f} s of silence"
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _chunked(port: int, body: bytes, size: int) -> tuple[str, float]:
+    """`body` sent chunked, in chunks of `size` bytes: the answer's status and the seconds to it."""
+    parts = (body[k : k + size] for k in range(0, len(body), size))
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
+    head = b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        start = time.perf_counter()
+        with contextlib.suppress(OSError):  # refused and closed before all of it was sent
+            sock.sendall(head + chunks + b"0\r\n\r\n")
+        status = sock.recv(12)[9:12].decode() or "closed"
+        return status, time.perf_counter() - start
+
+
+def tiny_chunks(model: Path, tree: Path, size: int = 7_000_000) -> str:
+    """The server's CPU for a 7 MB body in 64 KB chunks, then in 1-byte chunks."""
+    server, _, port = start_server(model, root=tree)
+    try:
+        body = b'{"sentences": [["a"]], "pooling": "mean"}'.ljust(size, b" ")
+        figures = []
+        for chunk in (65536, 1):
+            before = _cpu_seconds(server.pid)
+            status, seconds = _chunked(port, body, chunk)
+            time.sleep(0.5)  # what the server still does with it
+            figures.append((status, seconds, _cpu_seconds(server.pid) - before))
+        (s64, t64, c64), (s1, t1, c1) = figures
+        return (f"64 KB chunks: {s64} in {t64:.2f} s, {c64:.2f} s of server CPU; 1-byte chunks: {s1} in {t1:.2f} s, "
+                f"{c1:.2f} s of server CPU ({c1 / max(c64, 0.01):.1f}x)")  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def _busy(model: Path, tree: Path, log: Path, requests: int):
+    """A server computing `requests` requests of six 1,000-token sentences (one engine batch each)."""
+    settings = {"ELMO_BATCH_TOKENS": "1002", "ELMO_DRAIN_S": "30", "ELMO_LOG_LEVEL": "info"}
+    server, url, _ = start_server(model, root=tree, settings=settings, log=log)
+    body = {"sentences": [[f"w{j % 40}" for j in range(999)] + [f"s{k}"] for k in range(6)], "encoding": "base64"}
+    results: list = []
+
+    def post() -> None:
+        try:
+            results.append(httpx.post(f"{url}/embed", json=body, timeout=120).status_code)
+        except httpx.TransportError as err:
+            results.append(type(err).__name__)
+
+    threads = [threading.Thread(target=post) for _ in range(requests)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)  # the engine is on them
+    return server, threads, results
+
+
+def _exit_status(server: subprocess.Popen) -> int:
+    try:
+        return server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return server.wait()
+
+
+def stop_signals(model: Path, tree: Path) -> str:
+    """A second SIGTERM or SIGINT under load, and SIGHUP with requests in flight."""
+    figures = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        log = Path(tempfile.mkdtemp()) / "server.log"
+        server, threads, results = _busy(model, tree, log, 4)
+        server.send_signal(sig)
+        time.sleep(0.3)
+        server.send_signal(sig)
+        start = time.monotonic()
+        status = _exit_status(server)
+        seconds = time.monotonic() - start
+        for thread in threads:
+            thread.join()
+        text = log.read_text(errors="replace")
+        figures.append(f"a second {sig.name}: exit {status} after {seconds:.2f} s, the requests "
+                       f"{dict(Counter(results))}, traceback {'Traceback' in text}, abort "
+                       f"{'terminate called' in text}, a line saying so {'second stop signal' in text}")  # fmt: skip
+    log = Path(tempfile.mkdtemp()) / "server.log"
+    server, threads, results = _busy(model, tree, log, 2)
+    server.send_signal(signal.SIGHUP)
+    for thread in threads:
+        thread.join()
+    status = _exit_status(server)
+    drained = "draining" in log.read_text(errors="replace")
+    figures.append(f"SIGHUP with two requests in flight: {dict(Counter(results))}, exit {status}, drained {drained}")
+    return "; ".join(figures)
+
+
 ROWS = {
     "parse": ("18. bodies parsed on the event loop", parse_on_loop),
     "tamper": ("19. model.onnx with the char row of 'Z' changed", tampered_graph),
     "log": ("20. a forged access-log line", forged_log),
     "tokenize": ("21. one address's long texts beside another's", tokenizing_turns),
     "settings": ("22. settings and If-None-Match", settings_and_etags),
+    "early-answers": ("23. early answers, then one more byte", early_answers_then_a_byte),
+    "tiny-chunks": ("24. a 7 MB body in 1-byte chunks", tiny_chunks),
+    "signals": ("25. a second stop signal, and SIGHUP", stop_signals),
 }
 
 
