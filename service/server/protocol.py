@@ -70,10 +70,10 @@ class BoundedHttpProtocol(HttpBase):
       held is freed (a client that never reads held its answer for as long as it liked).
     - chunks: past FREE_CHUNKS, a chunked body's chunks must average CHUNK_BYTES (400 and closed otherwise), so
       that a body costs about the same CPU in whatever chunks it comes.
-    - an early answer: a request answered before its body has all arrived (401, 413) leaves the connection unable
-      to carry another request until the rest of the body comes: it is closed once answered (what still comes is
-      read and dropped for LINGER_S). uvicorn kept it, with its keep-alive timer cancelled by the next byte of the
-      body and no other timer running: such a connection stayed open for good.
+    - an early answer: a request answered before its body has all arrived (401, 413) holds its connection only
+      for the keep-alive timeout from its answer, unless the rest of its body has come by then (the connection is
+      then kept, as before). uvicorn's keep-alive timer was cancelled by the body's next byte, and no other timer
+      ran: such a connection stayed open for good.
     - trailers: the fields of a chunked body's trailer never join the request's headers (uvicorn appended them,
       so a trailer `Authorization` passed the key check); they count against the header bounds.
     - a client that closes its sending side: by default it is taken as gone (its request is cancelled, as
@@ -129,7 +129,6 @@ class BoundedHttpProtocol(HttpBase):
         self._trailers = 0  # fields of the trailer of the body in progress
         self._chunks = 0  # chunks of the body in progress
         self._body_bytes = 0  # bytes of the body in progress
-        self._dropping = False  # answered early, its body's rest unread: what comes is dropped, the connection closing
         self._write_timer: asyncio.TimerHandle | None = None
         self._peer = ""  # the connection's address
         self._turned_away = False  # refused by the connection caps: closed at once, nothing read
@@ -186,9 +185,9 @@ class BoundedHttpProtocol(HttpBase):
         return None
 
     def data_received(self, data: bytes) -> None:
-        if self._dropping:
-            return  # the rest of an early-answered body: its connection closes on its own timer
-        self.stop_keep_alive_timer()
+        if not self._answered_early():
+            # More of a body already answered starts nothing: the keep-alive timer from its answer keeps running.
+            self.stop_keep_alive_timer()
         if self._refusal is not None or self._turned_away:
             return  # a bad request came: nothing after it is read, and its answer waits for those before it
         self._unparsed += data
@@ -252,33 +251,19 @@ class BoundedHttpProtocol(HttpBase):
             return  # the client went while the request waited for its turn: nothing to answer
         self.run_request(cycle, app)
 
+    def _answered_early(self) -> bool:
+        """Whether the request in progress has been answered before its body has all arrived."""
+        running = self._running
+        return running is not None and answer_complete(running) and not body_all_in(running)
+
     def on_response_complete(self) -> None:
-        answered = self._running
         super().on_response_complete()
         if self.wire.is_closing():
-            return
-        if answered is not None and not body_all_in(answered) and self._refusal is None:
-            self._close_unread_body()
             return
         if self._refusal is not None and not self._answering():
             self._send_refusal()
         elif self._unparsed:
             self._parse()
-
-    def _close_unread_body(self) -> None:
-        """The request just answered has not sent all of its body (an early 401 or 413): nothing can follow it on
-        this connection until the rest comes, which it may never; close now, as a refused request is."""
-        self._dropping = True
-        self.stop_keep_alive_timer()
-        self._cancel_head_timer()
-        self._unparsed.clear()
-        if not self.wire.can_write_eof():
-            self.wire.close()
-            return
-        # What is still coming is read and dropped for a moment before the close, so that the client reads its
-        # answer rather than a reset (as for a refusal: `_send_refusal`).
-        self.wire.write_eof()
-        self.event_loop.call_later(LINGER_S, self.wire.close)
 
     def cut_off(self) -> None:
         """Close the connection now if an answer is being sent on it (the drain time has passed)."""
@@ -325,6 +310,7 @@ class BoundedHttpProtocol(HttpBase):
         super().on_message_begin()
         self._in_head, self._head_bytes, self._head_raw = True, 0, 0
         self._chunks = self._body_bytes = 0
+        self.stop_keep_alive_timer()  # after the rest of a body answered early, in the same read: the head timer runs
         if self._head_timer is None:  # the first request's runs from the connection's start
             self._arm_head_timer()
 

@@ -1,6 +1,7 @@
 """The HTTP server's bounds of the fifth round of hardening (issue 39), against real elmo-serve processes: a
-connection answered before its body has all arrived is closed (it kept no timer), and a chunked body's chunks must
-not be tiny. bench/hostile.py measures the same attacks at full size (`--rounds fifth`)."""
+connection answered before its body has all arrived is closed by its keep-alive timer unless the rest comes (it
+kept no timer), and a chunked body's chunks must not be tiny. bench/hostile.py measures the same attacks at full
+size (`--rounds fifth`)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,19 @@ def test_a_connection_answered_before_its_body_came_is_closed(server, head, stat
     for sock in socks:
         sock.close()
     assert still_open == 0
+
+
+def test_a_connection_whose_answered_body_comes_whole_carries_the_next_request(server):
+    head = b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head + b"{")
+        assert read_answer(sock).split(b" ", 2)[1] == b"401"
+        sock.sendall(b" " * 999 + b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+        got = b""
+        while b"HTTP/1.1 200" not in got:
+            part = sock.recv(65536)
+            assert part, got
+            got += part
 
 
 def chunked_head(path: str = "/embed") -> bytes:
