@@ -892,11 +892,11 @@ def main() -> int:
     if not (args.model / "manifest.json").exists():
         raise SystemExit(f"no model at {args.model}: run `make serve` once (it exports it), or pass --model")
     if args.rounds == "fifth":  # bench/hostile_fifth.py: each row before and after, back to back
-        from bench.hostile_fifth import fifth_round
+        from bench.hostile_fifth import ROWS, fifth_round
 
         if args.before is None:
             raise SystemExit("--rounds fifth needs --before DIR (a checkout at the commit before the fixes)")
-        rows = ["parse", "tamper", "log", "tokenize", "settings"]
+        rows = [row for row in args.rows.split(",") if row in ROWS] or list(ROWS)  # --rows names some, or all
         fifth_round(args.model, args.before, args.tree, rows, args.before_model)
         return 0
     if args.rounds == "fourth":

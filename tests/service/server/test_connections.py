@@ -118,7 +118,7 @@ def test_the_addresses_the_log_remembers_are_bounded_by_count_and_age(monkeypatc
     """200,000 addresses held back (the window full) left 199,980 entries (33.7 MB) for good: now at most
     MAX_ADDRESSES at once, and none an hour later once a line is written. (A unit test: 200,000 source addresses
     are more than a real server's test can open here.)"""
-    from service.api import log_bounds
+    from service.server import log_bounds
 
     clock = [1000.0]
     monkeypatch.setattr(log_bounds.time, "monotonic", lambda: clock[0])
