@@ -41,6 +41,11 @@ def _files(paths: list[str] | str) -> str:
     return ", ".join(paths)
 
 
+def _seen_before(log: dict) -> str:
+    seen = log.get("init_tokens_seen", 0)
+    return f", which had been trained on {seen:,} words before" if seen else ""
+
+
 def _length(log: dict) -> str:
     """How long the run was: its epochs, or the share of one epoch that its step budget covered."""
     if log["config"].get("steps") and log["steps"] == log["config"]["steps"]:
@@ -78,7 +83,7 @@ def model_card(log: dict, out_dir: Path, warmup_sentences: int) -> str:
         f"- Output vocabulary: {log['vocab_size']} words including <S>, </S>, <UNK>; "
         f"covers {100 * log['vocab_coverage_heldout']:.1f}% of held-out tokens (the rest are predicted as <UNK>, "
         "but every word is read through its characters).",
-        *([f"- Fine-tuned from: {log['init']}"] if log["init"] else []),
+        *([f"- Fine-tuned from: {log['init']}{_seen_before(log)}"] if log["init"] else []),
         *_sources_table(log.get("sources")),
         "",
         "## Architecture and size",

@@ -579,6 +579,7 @@ def strengths(figures: dict, log: dict) -> str:
             f" It reads {', '.join(ranked[:3])} best (the most below the bigram) and {', '.join(ranked[-3:])} worst."
         )
     coverage = 100 * log["vocab_coverage_heldout"]
+    seen = log["tokens_seen"] + log.get("init_tokens_seen", 0)  # a continuation's model saw its --init's words too
     return "\n".join(
         [
             "## What it is good and bad at",
@@ -593,7 +594,7 @@ def strengths(figures: dict, log: dict) -> str:
             f"({senses['all']:.3f} of WordNet's sense queries find a same-sense nearest neighbour in layer "
             f"{senses['best_layer']}, against {control['all']:.3f} for random weights and a chance rate of "
             f"{senses['chance']:.3f}).",
-            f"- Small: {log['parameters']['bilm'] / 1e6:.1f} M parameters trained on {log['tokens_seen'] / 1e6:.0f} M "
+            f"- Small: {log['parameters']['bilm'] / 1e6:.1f} M parameters trained on {seen / 1e6:.0f} M "
             f"words, where the published ELMo has {PUBLISHED_PARAMETERS / 1e6:.1f} M trained on "
             f"{PUBLISHED_WORDS / 1e9:.0f} B: it shows and tests the service with real, contextual vectors, and is no "
             "match for the published ELMo on downstream tasks (serve that with elmo-export).",

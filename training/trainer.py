@@ -697,6 +697,16 @@ def copy_released(folder: Path, to: Path) -> None:
             os.replace(to / (name + ".tmp"), to / name)  # each file whole, even if the copy is interrupted
 
 
+def init_tokens_seen(init: Path | None) -> int:
+    """The predictions an --init model was trained on before (its train_log.json's, its own --init's included;
+    0 for a published model or none), so that a continuation's card counts all of its training."""
+    log_path = Path(init) / "train_log.json" if init is not None else None
+    if log_path is None or not log_path.exists():
+        return 0
+    log = json.loads(log_path.read_text())
+    return log.get("tokens_seen", 0) + log.get("init_tokens_seen", 0)
+
+
 def _training_log(trainer: Trainer, text: TrainingText, evaluation: Evaluation, run: _Run) -> dict:
     """train_log.json's content."""
     heldout_sentences = text.heldout
@@ -722,6 +732,7 @@ def _training_log(trainer: Trainer, text: TrainingText, evaluation: Evaluation, 
         "steps": trainer.state["step"],
         "passes": trainer.state["epoch"],  # finished passes over the corpus
         "tokens_seen": trainer.state["tokens"],  # predictions per direction: each word and each sentence end
+        "init_tokens_seen": init_tokens_seen(run.init),  # what the --init model had seen before this run
         "machine": machine(run.device),
         "device": run.device.type,
         "precision": run.precision,
