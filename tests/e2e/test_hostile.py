@@ -299,12 +299,12 @@ def test_eight_punctuation_bombs_at_once_are_refused_in_bounded_memory(server, c
 
 
 def test_moses_never_runs_on_a_text_that_is_refused(tiny_model_dir, monkeypatch):
-    from service.api import embedding
+    from service.api import app as app_module
     from service.api.app import create_app
     from service.settings import Settings
 
-    read = []  # the lengths of the texts Moses was given
-    monkeypatch.setattr(embedding, "tokenize", lambda text, language="en": read.append(len(text)) or text.split())
+    read = []  # the lengths of the texts Moses was given (the app hands Moses to its tokenizing turns)
+    monkeypatch.setattr(app_module, "tokenize", lambda text, language="en": read.append(len(text)) or text.split())
     settings = Settings(model_dir=tiny_model_dir, provider="cpu", intra_op_threads=1, inter_op_threads=1)
     app = create_app(settings)
 
