@@ -129,6 +129,10 @@ def test_layer_0_matrix_is_all_ones_and_the_senses_come_apart_above_it(tab):
     assert "1.000" in tab.value("document.querySelector('svg.matrix[data-view=\"0\"]').closest('figure').innerText")
     # its numbers one click away: the table, written when opened
     tab.page.click('figure:has(svg.matrix[data-view="0"]) details summary')
+    # the table is written on the details' toggle event, which the browser fires after the click returns
+    tab.page.wait_for_function(
+        """document.querySelectorAll('figure:has(svg.matrix[data-view="0"]) table td').length >= 64""", timeout=10_000
+    )
     cells = tab.value("""[...document.querySelectorAll('figure:has(svg.matrix[data-view="0"]) table td')]
                          .map((c) => c.textContent)""")
     assert cells == ["1.000"] * 64
