@@ -75,6 +75,24 @@ def _export_once(options: Path, weights: Path, out: Path, window: int | None) ->
     export_model(load_bilm(options, weights), out, sources, window=window)
 
 
+def in_turn(runs: dict, batches: list, *, seconds: float = 0.0, rounds: int = 1) -> dict[str, float]:
+    """Tokens/s of each of `runs` (name -> a callable taking a batch): every batch run by each in turn, so that a
+    loaded machine slows them alike, after one warm-up batch each; at least `rounds` passes over the batches and
+    until each has had about `seconds`."""
+    for run in runs.values():
+        run(batches[0])
+    spent, tokens, passes, start = dict.fromkeys(runs, 0.0), 0, 0, time.perf_counter()
+    while passes < rounds or time.perf_counter() - start < seconds * len(runs):
+        for batch in batches:
+            for name, run in runs.items():
+                begin = time.perf_counter()
+                run(batch)
+                spent[name] += time.perf_counter() - begin
+            tokens += sum(map(len, batch))
+        passes += 1
+    return {name: tokens / s for name, s in spent.items()}
+
+
 def percentiles(values: list[float], qs=(50, 95, 99)) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(values, q)) for q in qs}
 

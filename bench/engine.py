@@ -17,11 +17,10 @@ fp32's, and its error against fp32.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from bench.common import FULL_OPTIONS, fixture_sentences, full_size_model
+from bench.common import FULL_OPTIONS, fixture_sentences, full_size_model, in_turn
 from bench.yardstick import Yardstick
 from model_export.export import torch_layers
 from model_export.options import load_options
@@ -32,25 +31,11 @@ from service.engine.session import Engine
 
 def tokens_per_s(run, sentences: list[list[str]], batch: int, min_seconds: float) -> float:
     """Embed the sentences in batches of `batch` (first pass is warm-up), repeat until min_seconds."""
-    return in_turn({"": run}, sentences, batch, min_seconds)[""]
+    return in_turn({"": run}, _cut(sentences, batch), seconds=min_seconds)[""]
 
 
-def in_turn(runs: dict, sentences: list[list[str]], batch: int, min_seconds: float) -> dict[str, float]:
-    """tokens/s of each of `runs`, embedding the sentences in batches of `batch`, every batch with each run in
-    turn (a first pass is warm-up), until each has had about min_seconds."""
-    batches = [sentences[i : i + batch] for i in range(0, len(sentences), batch)]
-    for run in runs.values():
-        run(batches[0])
-    spent, tokens, start = dict.fromkeys(runs, 0.0), 0, time.perf_counter()
-    while True:
-        for b in batches:
-            for name, run in runs.items():
-                begin = time.perf_counter()
-                run(b)
-                spent[name] += time.perf_counter() - begin
-            tokens += sum(map(len, b))
-        if time.perf_counter() - start >= min_seconds * len(runs):
-            return {name: tokens / seconds for name, seconds in spent.items()}
+def _cut(sentences: list[list[str]], batch: int) -> list[list[list[str]]]:
+    return [sentences[i : i + batch] for i in range(0, len(sentences), batch)]
 
 
 def size(engine: Engine) -> float:
@@ -119,7 +104,7 @@ def main() -> None:
         if model is not None:
             paths.append(({"torch eager": lambda b: torch_layers(model, b)}, data))
         for runs_, cut in paths:
-            measured = in_turn(runs_, cut, batch, args.seconds)
+            measured = in_turn(runs_, _cut(cut, batch), seconds=args.seconds)
             base = next((tps for name, tps in measured.items() if name.endswith(" fp32")), None)
             for name, tps in measured.items():
                 ratio = f"{tps / base:.2f}x" if base and not name.endswith((" fp32", " eager")) else ""

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bench.common import BUILD, ROOT, fixture_sentences, full_size_model
+from bench.common import BUILD, ROOT, fixture_sentences, full_size_model, in_turn
 from bench.yardstick import Yardstick
 from model_export.export import CHECK_SENTENCES, INT8
 from model_export.onnx_graph import Int8, build_onnx_model
@@ -126,21 +126,6 @@ def cut(sentences: list[list[str]], kind: str) -> list[list[list[str]]]:
     return [*batches, batch]
 
 
-def in_turn(engines: dict[str, Engine], batches: list, seconds: float) -> dict[str, float]:
-    """tokens/s of each engine, running every batch with each engine in turn for about `seconds` per engine."""
-    for engine in engines.values():
-        engine.run(batches[0])  # warm
-    spent, tokens, start = dict.fromkeys(engines, 0.0), 0, time.perf_counter()
-    while time.perf_counter() - start < seconds * len(engines):
-        for batch in batches:
-            for name, engine in engines.items():
-                begin = time.perf_counter()
-                engine.run(batch)
-                spent[name] += time.perf_counter() - begin
-            tokens += sum(map(len, batch))
-    return {name: tokens / s for name, s in spent.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="full", choices=["full", "default"])
@@ -187,7 +172,9 @@ def main() -> None:
     print(f"tokens/s (x fp32), each batch run by every engine in turn, {args.seconds:g} s each, {args.threads} threads")
     measured = {}
     for kind in args.batches.split(","):
-        rates = measured[kind] = in_turn(engines, cut(sentences, kind), args.seconds)
+        rates = measured[kind] = in_turn(
+            {n: e.run for n, e in engines.items()}, cut(sentences, kind), seconds=args.seconds
+        )
         row = "  ".join(f"{name} {rate:.0f} ({rate / rates['fp32']:.2f}x)" for name, rate in rates.items())
         print(f"  {'bulk-like' if kind == 'bulk' else 'batch ' + kind}: {row}", flush=True)
     yardstick.finish()

@@ -217,22 +217,6 @@ def bulk_batches(sentences: list[list[str]], tokens: int = 4096) -> list[list[li
     return [*batches, batch]
 
 
-def embed_in_turn(engines: dict, batches: list, rounds: int = 1) -> dict[str, float]:
-    """Tokens/s of each engine over `rounds` passes of the batches, every batch run by each engine in turn (after
-    one warm-up batch each), so that a loaded machine slows them alike."""
-    for engine in engines.values():
-        engine.run(batches[0])
-    spent, tokens = dict.fromkeys(engines, 0.0), 0
-    for _ in range(rounds):
-        for batch in batches:
-            for name, engine in engines.items():
-                begin = time.perf_counter()
-                engine.run(batch)
-                spent[name] += time.perf_counter() - begin
-            tokens += sum(map(len, batch))
-    return {name: tokens / seconds for name, seconds in spent.items()}
-
-
 def profile(model: Path, precision: str, threads: int, batches: list) -> dict[str, float]:
     """Seconds of each node type while an engine of `model` in `precision` embeds the batches (after a warm-up
     call on the first, left out), from ONNX Runtime's profiler, largest first. The Loop bodies' nodes count as
@@ -284,7 +268,7 @@ def profile_lines(name: str, by_type: dict[str, float], top: int = 10) -> list[s
 
 
 def main() -> None:
-    from bench.common import FULL_OPTIONS, full_size_model
+    from bench.common import FULL_OPTIONS, full_size_model, in_turn
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -319,7 +303,7 @@ def main() -> None:
     sentences = made_up_sentences(args.sentences)
     batches = bulk_batches(sentences)
     print(f"{len(sentences)} made-up sentences, {sum(map(len, sentences))} distinct tokens, {len(batches)} batches")
-    rates = embed_in_turn(engines, batches, args.rounds)
+    rates = in_turn({n: e.run for n, e in engines.items()}, batches, rounds=args.rounds)
     yardstick.finish()
     print("\n".join(yardstick.lines(opt)))
     for name, tokens_per_s in rates.items():
