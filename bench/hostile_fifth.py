@@ -570,9 +570,11 @@ def metrics_port(model: Path, tree: Path, seconds: float = 8, count: int = 1000,
     server, url, _ = start_server(model, root=tree, settings={"ELMO_METRICS_PORT": str(mport)})
     figures = []
     try:
+        cpu = _cpu_seconds(server.pid)
         with MainPort(url) as alone:
             time.sleep(seconds)
-        figures.append(f"alone: {alone.figures()}")
+        cpu = _cpu_seconds(server.pid) - cpu
+        figures.append(f"alone: {alone.figures()}, server CPU {cpu:.1f} s in {seconds:g} s")
         # the attackers in processes of their own: their Python would otherwise slow the probe's (one GIL)
         spawn = multiprocessing.get_context("spawn")
         with spawn.Pool(1) as attacker:
