@@ -74,18 +74,13 @@ import numpy as np
 import orjson
 
 from bench.common import percentiles, start_server
+from bench.hostile_fifth import ROWS as FIFTH
+from bench.hostile_parts import Liveness, PeakRss, before_and_after, memory
 from service.settings import DEFAULT_MODEL_DIR as DEFAULT_MODEL
 
 SMALL = orjson.dumps({"sentences": [["The", "bank", "of", "the", "river", "."]], "pooling": "mean"})
 BOMB = orjson.dumps({"sentences": ["a," * 4_000_000]})
 JSON = {"content-type": "application/json"}
-
-
-def memory(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 
 def stalled_upload(port: int, sent: int, declared: int = 8 << 20, source: str = "127.0.0.1") -> socket.socket:
@@ -236,56 +231,6 @@ async def mixed_load(url: str, port: int, clients: int, seconds: float) -> None:
 
 
 # ---- the third round (issue 24): one row each, numbered after the second round's ----------------------------
-
-
-class Liveness:
-    """Polls /health/live every 20 ms on a thread of its own; the slowest answer seen while running."""
-
-    def __init__(self, url: str):
-        self.url, self.stop, self.slowest = url, threading.Event(), 0.0
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=120) as client:
-            while not self.stop.is_set():
-                start = time.perf_counter()
-                client.get("/health/live")
-                self.slowest = max(self.slowest, time.perf_counter() - start)
-                time.sleep(0.02)
-
-    def __enter__(self) -> Liveness:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
-class PeakRss:
-    """The server's largest VmRSS, sampled every 50 ms while running, above what it was at the start."""
-
-    def __init__(self, pid: int):
-        self.pid, self.stop = pid, threading.Event()
-        self.start = self.peak = memory(pid, "VmRSS")
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self.stop.is_set():
-            self.peak = max(self.peak, memory(self.pid, "VmRSS"))
-            time.sleep(0.05)
-
-    @property
-    def grown_mb(self) -> float:
-        return (self.peak - self.start) / 1e6
-
-    def __enter__(self) -> PeakRss:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def from_address(address: str, port: int) -> socket.socket:
@@ -906,13 +851,12 @@ def main() -> int:
     args = parser.parse_args()
     if not (args.model / "manifest.json").exists():
         raise SystemExit(f"no model at {args.model}: run `make serve` once (it exports it), or pass --model")
-    if args.rounds == "fifth":  # bench/hostile_fifth.py: each row before and after, back to back
-        from bench.hostile_fifth import ROWS, fifth_round
-
+    if args.rounds == "fifth":  # bench/hostile_fifth.py's rows: each before and after, back to back
         if args.before is None:
             raise SystemExit("--rounds fifth needs --before DIR (a checkout at the commit before the fixes)")
-        rows = [row for row in args.rows.split(",") if row in ROWS] or list(ROWS)  # --rows names some, or all
-        fifth_round(args.model, args.before, args.tree, rows, args.before_model)
+        rows = [row for row in args.rows.split(",") if row in FIFTH] or list(FIFTH)  # --rows names some, or all
+        print("fifth round: ", end="")
+        before_and_after(FIFTH, args.model, args.before, args.tree, rows, args.before_model)
         return 0
     if args.rounds == "fourth":
         fourth_round(args.model, args.tree, [row for row in args.rows.split(",") if row])

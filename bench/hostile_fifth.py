@@ -1,6 +1,7 @@
-"""The fifth round of hardening (issue 39), `python -m bench.hostile --rounds fifth --before DIR`: each row runs
-against the code of `--before` (a checkout at the commit before the fixes) and then of this checkout, back to back
-on the same machine, and prints both figures with the CPU's flags and the load.
+"""The rows of the fifth round of hardening (issue 39), run by `python -m bench.hostile --rounds fifth --before DIR
+[--before-model EXPORT] [--rows parse,tamper,...]` (bench/hostile.py's registry, bench/hostile_parts.py's runner):
+each row runs against the code of `--before` (a checkout at the commit before the fixes) and then of this
+checkout, back to back on the same machine, and prints both figures with the CPU's flags and the load.
 
 18. bodies that parse for seconds: 8 MB of 2.8 M empty lists, of one-token sentences, of `weights`, a /tokenize
     body and a /v1/embeddings `input` of 2 M strings: the time to the answer, the slowest /health/live meanwhile
@@ -26,15 +27,12 @@ on the same machine, and prints both figures with the CPU's flags and the load.
     connections to the metrics port from 100 addresses, half sending 1 MB of header lines, half a byte a second
     (the server's RSS growth, how many it closed); beside eight scrapers looping on it (goal: RSS < +100 MB, the
     main port's p99 within 1.5x of alone).
-
-    python -m bench.hostile_fifth --before DIR [--model EXPORT] [--before-model EXPORT] [--rows parse,tamper,...]
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -48,16 +46,10 @@ import httpx
 import orjson
 
 from bench.common import start_server
+from bench.hostile_parts import Liveness, PeakRss
 
 JSON = {"content-type": "application/json"}
 EIGHT_MB = 8 << 20
-
-
-def cpu_line() -> str:
-    flags = re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
-    wanted = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "amx_tile")
-    have = [f for f in wanted if flags and f in flags.group(1).split()]
-    return f"{os.cpu_count()} cores, flags {' '.join(have) or 'none of avx/avx2/avx512'}, load {os.getloadavg()[0]:.1f}"
 
 
 def _filled(head: bytes, item: bytes, tail: bytes, size: int = EIGHT_MB - 64) -> bytes:
@@ -71,54 +63,6 @@ PARSE_BODIES = {
     "/tokenize": ("/tokenize", lambda: _filled(b'{"sentences": [', b'["a"],', b"]}")),
     "/v1 input": ("/v1/embeddings", lambda: _filled(b'{"input": [', b'"a",', b"]}")),
 }
-
-
-class Liveness:
-    """/health/live every 20 ms on a thread of its own: the slowest answer while running."""
-
-    def __init__(self, url: str):
-        import threading
-
-        self.url, self.stop, self.slowest = url, threading.Event(), 0.0
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=120) as client:
-            while not self.stop.is_set():
-                start = time.perf_counter()
-                client.get("/health/live")
-                self.slowest = max(self.slowest, time.perf_counter() - start)
-                time.sleep(0.02)
-
-    def __enter__(self) -> Liveness:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
-class PeakRss(Liveness):
-    """The server's largest VmRSS, sampled every 50 ms while running, above what it was at the start."""
-
-    def __init__(self, pid: int):
-        super().__init__("")
-        self.pid = pid
-        self.start = self.peak = self._rss()
-
-    def _rss(self) -> int:
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) * 1024
-
-    def _poll(self) -> None:
-        while not self.stop.is_set():
-            self.peak = max(self.peak, self._rss())
-            time.sleep(0.05)
-
-    @property
-    def grown_mb(self) -> float:
-        return (self.peak - self.start) / 1e6
 
 
 def parse_on_loop(model: Path, tree: Path) -> str:
@@ -614,29 +558,3 @@ ROWS = {
     "signals": ("25. a second stop signal, and SIGHUP", stop_signals),
     "metrics-port": ("26. the metrics port: hostile connections and scrapers", metrics_port),
 }
-
-
-def fifth_round(model: Path, before: Path, after: Path, rows: list[str], before_model: Path | None = None) -> None:
-    """Each row against `before` and then `after`; `before_model`: the export the before tree's elmo-export makes
-    (the canaries are the export's: row 19's before figure needs one), else `model` for both."""
-    print(f"fifth round: before = {before}, after = {after}; {cpu_line()}")
-    for row in rows:
-        name, measure = ROWS[row]
-        for label, tree in (("before", before), ("after", after)):
-            used = before_model if (label == "before" and before_model is not None) else model
-            print(f"{name} {label}: {measure(used, tree)}  [{cpu_line()}]", flush=True)
-
-
-if __name__ == "__main__":
-    import argparse
-
-    from service.settings import DEFAULT_MODEL_DIR
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--before", type=Path, required=True, help="a checkout at the commit before the fixes")
-    parser.add_argument("--before-model", type=Path, help="the before tree's export of the same model (row 19)")
-    parser.add_argument("--rows", default=",".join(ROWS))
-    args = parser.parse_args()
-    here = Path(__file__).resolve().parents[1]
-    fifth_round(args.model, args.before, here, args.rows.split(","), args.before_model)
