@@ -48,7 +48,8 @@ code of another checkout, at an earlier commit, for the figures before a fix; "o
     most the per-address budget, 16 MiB);
 16. 300, then 1,000, connections from one address flooding /embed with mixed requests for 30 s (wrk's way, no
     pause): four other addresses' small POSTs every 0.2 s and /health/live every 0.1 s (goal, for 300: >= 98%
-    200, p99 < 1.5 s, liveness < 0.5 s);
+    200, p99 < 1.5 s, liveness < 0.5 s); 16b (`--rows text-flood`): the same with 300 connections, every request
+    (the flood's and the others') sending texts, which Moses tokenizes (issue 39, item 6);
 17. /tokenize with 100 texts of 16,000 words and truncate, over the queue however they are cut: the time to its
     413 (goal: < 0.5 s).
 """
@@ -73,18 +74,13 @@ import numpy as np
 import orjson
 
 from bench.common import percentiles, start_server
+from bench.hostile_fifth import ROWS as FIFTH
+from bench.hostile_parts import Liveness, PeakRss, before_and_after, memory
 from service.settings import DEFAULT_MODEL_DIR as DEFAULT_MODEL
 
 SMALL = orjson.dumps({"sentences": [["The", "bank", "of", "the", "river", "."]], "pooling": "mean"})
 BOMB = orjson.dumps({"sentences": ["a," * 4_000_000]})
 JSON = {"content-type": "application/json"}
-
-
-def memory(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 
 def stalled_upload(port: int, sent: int, declared: int = 8 << 20, source: str = "127.0.0.1") -> socket.socket:
@@ -235,56 +231,6 @@ async def mixed_load(url: str, port: int, clients: int, seconds: float) -> None:
 
 
 # ---- the third round (issue 24): one row each, numbered after the second round's ----------------------------
-
-
-class Liveness:
-    """Polls /health/live every 20 ms on a thread of its own; the slowest answer seen while running."""
-
-    def __init__(self, url: str):
-        self.url, self.stop, self.slowest = url, threading.Event(), 0.0
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=120) as client:
-            while not self.stop.is_set():
-                start = time.perf_counter()
-                client.get("/health/live")
-                self.slowest = max(self.slowest, time.perf_counter() - start)
-                time.sleep(0.02)
-
-    def __enter__(self) -> Liveness:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
-class PeakRss:
-    """The server's largest VmRSS, sampled every 50 ms while running, above what it was at the start."""
-
-    def __init__(self, pid: int):
-        self.pid, self.stop = pid, threading.Event()
-        self.start = self.peak = memory(pid, "VmRSS")
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self.stop.is_set():
-            self.peak = max(self.peak, memory(self.pid, "VmRSS"))
-            time.sleep(0.05)
-
-    @property
-    def grown_mb(self) -> float:
-        return (self.peak - self.start) / 1e6
-
-    def __enter__(self) -> PeakRss:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def from_address(address: str, port: int) -> socket.socket:
@@ -750,16 +696,22 @@ def spoofed_forwarded_for(model: Path, tree: Path) -> None:
         server.wait(timeout=60)
 
 
-def _flood(port: int, address: str, connections: int, seconds: float, results) -> None:
+SMALL_TEXT = orjson.dumps({"sentences": ["The bank of the river."], "pooling": "mean"})
+
+
+def _flood(port: int, address: str, connections: int, seconds: float, results, texts: bool = False) -> None:
     """A process of its own: `connections` keep-alive connections from `address`, each sending mixed requests one
-    after the other with no pause (wrk's way), reading every answer whole; their statuses."""
+    after the other with no pause (wrk's way), reading every answer whole; their statuses. `texts`: every request
+    sends texts (Moses tokenizes them), not tokens."""
     words = ["the", "bank", "of", "a", "river", "is", "where", "the", "water", "meets", "the", "land"]
-    sentence = lambda n, k: [words[(k + j) % len(words)] for j in range(n)]  # noqa: E731
+    tokens = lambda n, k: [words[(k + j) % len(words)] for j in range(n)]  # noqa: E731
+    text = lambda n, k: " ".join(tokens(n, k)) + "."  # noqa: E731
+    sentence = text if texts else tokens
     bodies = [
-        SMALL,
+        SMALL_TEXT if texts else SMALL,
         orjson.dumps({"sentences": [sentence(20, k) for k in range(4)], "pooling": "mean"}),
         orjson.dumps({"sentences": [sentence(20, k) for k in range(16)]}),
-        orjson.dumps({"sentences": [" ".join(sentence(40, k)) + "." for k in range(4)], "pooling": "mean"}),
+        orjson.dumps({"sentences": [text(40, k) for k in range(4)], "pooling": "mean"}),
         orjson.dumps({"sentences": [sentence(60, k) for k in range(32)], "encoding": "base64"}),
         orjson.dumps({"sentences": [sentence(126, k) for k in range(8)], "output": "layers"}),
     ]
@@ -799,16 +751,17 @@ def _flood(port: int, address: str, connections: int, seconds: float, results) -
     results.update(statuses)
 
 
-def overload_flood(model: Path, tree: Path, connections: int = 300, seconds: float = 30) -> None:
+def overload_flood(model: Path, tree: Path, connections: int = 300, seconds: float = 30, texts: bool = False) -> None:
     """Row 16: a flood of mixed requests from one address, beside small requests from four others and the
-    liveness probe."""
+    liveness probe. `texts` (row 16b, issue 39's item 6): every request of the flood and of the others sends texts."""
     import multiprocessing
 
     server, url, port = start_server(model, root=tree)
     try:
         results = multiprocessing.Manager().dict()
-        flood = multiprocessing.Process(target=_flood, args=(port, "127.0.0.2", connections, seconds, results))
-        probes = [Probe(url, f"127.0.0.{k}", path="/embed", body=SMALL) for k in (3, 4, 5, 6)]
+        flood = multiprocessing.Process(target=_flood, args=(port, "127.0.0.2", connections, seconds, results, texts))
+        small = SMALL_TEXT if texts else SMALL
+        probes = [Probe(url, f"127.0.0.{k}", path="/embed", body=small) for k in (3, 4, 5, 6)]
         with PeakRss(server.pid) as rss, Probe(url, "127.0.0.9", every=0.1) as live:
             flood.start()
             time.sleep(2)  # the flood under way
@@ -825,7 +778,8 @@ def overload_flood(model: Path, tree: Path, connections: int = 300, seconds: flo
             others.outcomes += probe.outcomes
         flooded = dict(results)
         answered_per_s = {status: round(n / seconds) for status, n in flooded.items()}
-        print(f"16. {connections} connections from one address flooding /embed with mixed requests for "
+        kind = "text requests" if texts else "mixed requests"
+        print(f"16{'b' if texts else ''}. {connections} connections from one address flooding /embed with {kind} for "
               f"{seconds:.0f} s (per second: {answered_per_s}): 4 other addresses' small POSTs every 0.2 s: "
               f"{others.figures()}; /health/live every 0.1 s: {live.figures()}; RSS +{rss.grown_mb:.0f} MB "
               "(goal: >= 98% 200, p99 < 1.5 s, liveness < 0.5 s)")  # fmt: skip
@@ -859,8 +813,14 @@ def overload_floods(model: Path, tree: Path) -> None:
         overload_flood(model, tree, connections)
 
 
+def text_flood(model: Path, tree: Path) -> None:
+    """Row 16b: 300 connections from one address flooding /embed with text requests (issue 39, item 6)."""
+    overload_flood(model, tree, 300, texts=True)
+
+
 FOURTH = {"slow-readers": slow_static_readers, "descriptors": idle_connections_at_1024, "upgrades": upgrade_requests,
-          "forwarded": spoofed_forwarded_for, "flood": overload_floods, "tokenize": hopeless_tokenize}  # fmt: skip
+          "forwarded": spoofed_forwarded_for, "flood": overload_floods, "tokenize": hopeless_tokenize,
+          "text-flood": text_flood}  # fmt: skip
 
 
 def fourth_round(model: Path, tree: Path, rows: list[str]) -> None:
@@ -891,13 +851,12 @@ def main() -> int:
     args = parser.parse_args()
     if not (args.model / "manifest.json").exists():
         raise SystemExit(f"no model at {args.model}: run `make serve` once (it exports it), or pass --model")
-    if args.rounds == "fifth":  # bench/hostile_fifth.py: each row before and after, back to back
-        from bench.hostile_fifth import ROWS, fifth_round
-
+    if args.rounds == "fifth":  # bench/hostile_fifth.py's rows: each before and after, back to back
         if args.before is None:
             raise SystemExit("--rounds fifth needs --before DIR (a checkout at the commit before the fixes)")
-        rows = [row for row in args.rows.split(",") if row in ROWS] or list(ROWS)  # --rows names some, or all
-        fifth_round(args.model, args.before, args.tree, rows, args.before_model)
+        rows = [row for row in args.rows.split(",") if row in FIFTH] or list(FIFTH)  # --rows names some, or all
+        print("fifth round: ", end="")
+        before_and_after(FIFTH, args.model, args.before, args.tree, rows, args.before_model)
         return 0
     if args.rounds == "fourth":
         fourth_round(args.model, args.tree, [row for row in args.rows.split(",") if row])

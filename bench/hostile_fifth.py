@@ -1,6 +1,7 @@
-"""The fifth round of hardening (issue 39), `python -m bench.hostile --rounds fifth --before DIR`: each row runs
-against the code of `--before` (a checkout at the commit before the fixes) and then of this checkout, back to back
-on the same machine, and prints both figures with the CPU's flags and the load.
+"""The rows of the fifth round of hardening (issue 39), run by `python -m bench.hostile --rounds fifth --before DIR
+[--before-model EXPORT] [--rows parse,tamper,...]` (bench/hostile.py's registry, bench/hostile_parts.py's runner):
+each row runs against the code of `--before` (a checkout at the commit before the fixes) and then of this
+checkout, back to back on the same machine, and prints both figures with the CPU's flags and the load.
 
 18. bodies that parse for seconds: 8 MB of 2.8 M empty lists, of one-token sentences, of `weights`, a /tokenize
     body and a /v1/embeddings `input` of 2 M strings: the time to the answer, the slowest /health/live meanwhile
@@ -22,15 +23,16 @@ on the same machine, and prints both figures with the CPU's flags and the load.
     1,000-token sentences: the exit status, how long it took, a traceback or an abort in the log; and SIGHUP with
     two such requests in flight: their answers and the exit status (goal: a second signal stops at once with exit
     0 and one line, SIGHUP drains like SIGTERM).
-
-    python -m bench.hostile_fifth --before DIR [--model EXPORT] [--before-model EXPORT] [--rows parse,tamper,...]
+26. the metrics port (ELMO_METRICS_PORT): a small POST's p50 and p99 on the main port alone; beside 1,000
+    connections to the metrics port from 100 addresses, half sending 1 MB of header lines, half a byte a second
+    (the server's RSS growth, how many it closed); beside eight scrapers looping on it (goal: RSS < +100 MB, the
+    main port's p99 within 1.5x of alone).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -44,16 +46,10 @@ import httpx
 import orjson
 
 from bench.common import start_server
+from bench.hostile_parts import Liveness, PeakRss
 
 JSON = {"content-type": "application/json"}
 EIGHT_MB = 8 << 20
-
-
-def cpu_line() -> str:
-    flags = re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
-    wanted = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "amx_tile")
-    have = [f for f in wanted if flags and f in flags.group(1).split()]
-    return f"{os.cpu_count()} cores, flags {' '.join(have) or 'none of avx/avx2/avx512'}, load {os.getloadavg()[0]:.1f}"
 
 
 def _filled(head: bytes, item: bytes, tail: bytes, size: int = EIGHT_MB - 64) -> bytes:
@@ -67,54 +63,6 @@ PARSE_BODIES = {
     "/tokenize": ("/tokenize", lambda: _filled(b'{"sentences": [', b'["a"],', b"]}")),
     "/v1 input": ("/v1/embeddings", lambda: _filled(b'{"input": [', b'"a",', b"]}")),
 }
-
-
-class Liveness:
-    """/health/live every 20 ms on a thread of its own: the slowest answer while running."""
-
-    def __init__(self, url: str):
-        import threading
-
-        self.url, self.stop, self.slowest = url, threading.Event(), 0.0
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=120) as client:
-            while not self.stop.is_set():
-                start = time.perf_counter()
-                client.get("/health/live")
-                self.slowest = max(self.slowest, time.perf_counter() - start)
-                time.sleep(0.02)
-
-    def __enter__(self) -> Liveness:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
-class PeakRss(Liveness):
-    """The server's largest VmRSS, sampled every 50 ms while running, above what it was at the start."""
-
-    def __init__(self, pid: int):
-        super().__init__("")
-        self.pid = pid
-        self.start = self.peak = self._rss()
-
-    def _rss(self) -> int:
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1)) * 1024
-
-    def _poll(self) -> None:
-        while not self.stop.is_set():
-            self.peak = max(self.peak, self._rss())
-            time.sleep(0.05)
-
-    @property
-    def grown_mb(self) -> float:
-        return (self.peak - self.start) / 1e6
 
 
 def parse_on_loop(model: Path, tree: Path) -> str:
@@ -435,6 +383,170 @@ def stop_signals(model: Path, tree: Path) -> str:
     return "; ".join(figures)
 
 
+SMALL = orjson.dumps({"sentences": [["The", "bank", "of", "the", "river", "."]], "pooling": "mean"})
+
+
+class MainPort(Liveness):
+    """Small POSTs to the main port from 127.0.0.3, one every 20 ms on a thread of its own: their latencies."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.times: list[float] = []
+
+    def _poll(self) -> None:
+        transport = httpx.HTTPTransport(local_address="127.0.0.3")
+        with httpx.Client(base_url=self.url, transport=transport, timeout=120) as client:
+            while not self.stop.is_set():
+                start = time.perf_counter()
+                client.post("/embed", content=SMALL, headers=JSON)
+                self.times.append(time.perf_counter() - start)
+                time.sleep(0.02)
+
+    def figures(self) -> str:
+        import numpy as np
+
+        p50, p99 = np.percentile(self.times, [50, 99]) * 1e3
+        return f"main port p50 {p50:.0f} ms, p99 {p99:.0f} ms ({len(self.times)} requests)"
+
+
+def _gone(sock: socket.socket) -> bool:
+    """Whether the server has closed this non-blocking socket (what it answered first is read and dropped)."""
+    try:
+        while sock.recv(65536):
+            pass
+        return True  # EOF
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # reset
+
+
+def _hostile_metrics_connections(port: int, count: int, seconds: float) -> tuple[int, int]:
+    """`count` connections to the metrics port from 100 addresses: half send 1 MB of header lines of 60 KB (never
+    ending the head), half a request line and then one byte a second, for `seconds`; (connected, closed by the
+    server by the end)."""
+    import selectors
+
+    huge: dict[socket.socket, int] = {}  # bytes left to send
+    slow: list[socket.socket] = []
+    line = b"x-filler: " + b"a" * 60_000 + b"\r\n"
+    pending, chooser = {}, selectors.DefaultSelector()
+    for k in range(count):  # all at once, not one after the other: a listen backlog of 5 drops SYNs
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.bind((f"127.0.{10 + k // 100}.{1 + k % 100}", 0))
+        sock.connect_ex(("127.0.0.1", port))
+        pending[sock] = k
+        chooser.register(sock, selectors.EVENT_WRITE)
+    deadline = time.monotonic() + 10
+    while pending and time.monotonic() < deadline:
+        for key, _ in chooser.select(0.1):
+            sock, k = key.fileobj, pending.pop(key.fileobj)
+            chooser.unregister(sock)
+            try:
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    raise OSError
+                sock.send(b"GET /metrics HTTP/1.1\r\nhost: x\r\n" + (b"x-slow: " if k % 2 else b""))
+            except OSError:
+                sock.close()
+                continue
+            if k % 2:
+                slow.append(sock)
+            else:
+                huge[sock] = 1 << 20
+    for sock in pending:
+        sock.close()
+    chooser.close()
+    closed: set[socket.socket] = set()
+    end, tick = time.monotonic() + seconds, 0.0
+    while time.monotonic() < end:
+        for sock, left in huge.items():  # 1 MB each, as fast as the server reads it
+            if left > 0 and sock not in closed:
+                try:
+                    huge[sock] = left - sock.send(line[: min(len(line), left)])
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed.add(sock)
+        if time.monotonic() >= tick:  # the slow ones: a byte a second
+            tick = time.monotonic() + 1
+            for sock in slow:
+                if sock not in closed:
+                    try:
+                        sock.send(b"a")
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        closed.add(sock)
+        time.sleep(0.01)
+    closed |= {sock for sock in [*huge, *slow] if sock not in closed and _gone(sock)}
+    for sock in [*huge, *slow]:
+        sock.close()
+    return len(huge) + len(slow), len(closed)
+
+
+def _scrapers(port: int, threads: int, seconds: float) -> int:
+    """`threads` scrapers looping on the metrics port for `seconds`: how many scrapes they made."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    end = time.monotonic() + seconds
+
+    def scraper(_) -> int:
+        made = 0
+        with httpx.Client(timeout=30) as client:
+            while time.monotonic() < end:
+                client.get(f"http://127.0.0.1:{port}/metrics")
+                made += 1
+        return made
+
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(scraper, range(threads)))
+
+
+def metrics_port(model: Path, tree: Path, seconds: float = 8, count: int = 1000, attack_s: float = 12) -> str:
+    """Row 26: the main port's p99 alone; beside `count` slow or huge-header connections to the metrics port (the
+    server's RSS growth, how many it closed); beside eight scrapers looping on it (scrapes a second)."""
+    import multiprocessing
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        mport = sock.getsockname()[1]
+    server, url, _ = start_server(model, root=tree, settings={"ELMO_METRICS_PORT": str(mport)})
+    figures = []
+    try:
+        cpu = _cpu_seconds(server.pid)
+        with MainPort(url) as alone:
+            time.sleep(seconds)
+        cpu = _cpu_seconds(server.pid) - cpu
+        figures.append(f"alone: {alone.figures()}, server CPU {cpu:.1f} s in {seconds:g} s")
+        # the attackers in processes of their own: their Python would otherwise slow the probe's (one GIL)
+        spawn = multiprocessing.get_context("spawn")
+        with spawn.Pool(1) as attacker:
+            cpu = _cpu_seconds(server.pid)
+            with PeakRss(server.pid) as rss, MainPort(url) as attacked:
+                connected, closed = attacker.apply(_hostile_metrics_connections, (mport, count, attack_s))
+            cpu = _cpu_seconds(server.pid) - cpu
+            time.sleep(1)
+            after = PeakRss(server.pid)
+            figures.append(
+                f"{count} slow or huge-header connections to the metrics port ({connected} connected, {closed} closed "
+                f"by the server within {attack_s:g} s): RSS +{rss.grown_mb:.0f} MB at the peak, "
+                f"+{(after.start - rss.start) / 1e6:.0f} MB once closed, server CPU {cpu:.1f} s, {attacked.figures()}"
+            )
+            cpu = _cpu_seconds(server.pid)
+            with MainPort(url) as scraped:
+                scrapes = attacker.apply(_scrapers, (mport, 8, seconds))
+            cpu = _cpu_seconds(server.pid) - cpu
+        figures.append(
+            f"eight scrapers in a loop ({scrapes / seconds:.0f} scrapes/s, server CPU {cpu:.1f} s in {seconds:g} s "
+            f"with the main port's requests): {scraped.figures()}"
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return "; ".join(figures)
+
+
 ROWS = {
     "parse": ("18. bodies parsed on the event loop", parse_on_loop),
     "tamper": ("19. model.onnx with the char row of 'Z' changed", tampered_graph),
@@ -444,30 +556,5 @@ ROWS = {
     "early-answers": ("23. early answers, then one more byte", early_answers_then_a_byte),
     "tiny-chunks": ("24. a 7 MB body in 1-byte chunks", tiny_chunks),
     "signals": ("25. a second stop signal, and SIGHUP", stop_signals),
+    "metrics-port": ("26. the metrics port: hostile connections and scrapers", metrics_port),
 }
-
-
-def fifth_round(model: Path, before: Path, after: Path, rows: list[str], before_model: Path | None = None) -> None:
-    """Each row against `before` and then `after`; `before_model`: the export the before tree's elmo-export makes
-    (the canaries are the export's: row 19's before figure needs one), else `model` for both."""
-    print(f"fifth round: before = {before}, after = {after}; {cpu_line()}")
-    for row in rows:
-        name, measure = ROWS[row]
-        for label, tree in (("before", before), ("after", after)):
-            used = before_model if (label == "before" and before_model is not None) else model
-            print(f"{name} {label}: {measure(used, tree)}  [{cpu_line()}]", flush=True)
-
-
-if __name__ == "__main__":
-    import argparse
-
-    from service.settings import DEFAULT_MODEL_DIR
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--before", type=Path, required=True, help="a checkout at the commit before the fixes")
-    parser.add_argument("--before-model", type=Path, help="the before tree's export of the same model (row 19)")
-    parser.add_argument("--rows", default=",".join(ROWS))
-    args = parser.parse_args()
-    here = Path(__file__).resolve().parents[1]
-    fifth_round(args.model, args.before, here, args.rows.split(","), args.before_model)

@@ -236,7 +236,6 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     from service.api.app import create_app, start_draining
     from service.manifest import read_manifest
-    from service.server.metrics_port import serve_metrics
     from service.server.serve import check_uvicorn, serve
     from service.settings import Settings, invalid_settings, unknown_variables
 
@@ -275,14 +274,8 @@ def serve_main(argv: list[str] | None = None) -> int:
         return 1
     configure_logs(settings.log_level, settings.log_format)
     app = create_app(settings)
-    metrics = serve_metrics(app, settings.host, settings.metrics_port) if settings.metrics_port is not None else None
-    try:
-        return (
-            0 if serve(app, settings, on_signal=lambda: start_draining(app), metrics=app.state.runtime.metrics) else 1
-        )
-    finally:
-        if metrics is not None:
-            metrics.shutdown()
+    # ELMO_METRICS_PORT is served in the same event loop, by the same bounded protocol (service/server/serve.py)
+    return 0 if serve(app, settings, on_signal=lambda: start_draining(app), metrics=app.state.runtime.metrics) else 1
 
 
 if __name__ == "__main__":

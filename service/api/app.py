@@ -3,6 +3,7 @@ loaded and warmed before readiness, drained and stopped after the last request).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -109,7 +110,9 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
 async def lifespan(app: FastAPI):
     parts: Runtime = app.state.runtime
     tracing.redact_spans(app.state.tracer_provider)  # FastAPI has configured its provider from OTEL_* by now
-    models = load_models(parts.settings, parts.metrics)  # every model, or a RuntimeError naming the one that failed
+    # every model, or a RuntimeError naming the one that failed; on a thread, so that the event loop serves the
+    # metrics port (ELMO_METRICS_PORT) while the models load, as it did when that port had a thread of its own
+    models = await asyncio.to_thread(load_models, parts.settings, parts.metrics)
     app.state.models = models
     await models.start()  # each warmed: readiness covers them all
     app.state.ready = True

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from service.api.paths import app_path
 from service.api.schemas import ErrorResponse, OpenAIEmbeddingRequest, OpenAIErrorResponse
 from service.errors import (
     InvalidRequest,
@@ -32,7 +33,7 @@ PARAMS = frozenset(OpenAIEmbeddingRequest.model_fields)  # the fields an OpenAI 
 
 def error_answer(scope, err: ServiceError, retry_after_s: int | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """The status, headers and body answering `err` to the request of `scope`: OpenAI's shape under /v1/."""
-    if _path(scope).startswith(PREFIX):
+    if app_path(scope).startswith(PREFIX):
         status, body = openai_status(err), openai_body(err, PARAMS)
     else:
         status, body = err.status, native_body(err)
@@ -109,8 +110,3 @@ def _not_json(request: Request) -> str | None:
 
 def _cut(part: str | int) -> str | int:
     return shown(part) if isinstance(part, str) else part  # an unknown field's name may be a megabyte long
-
-
-def _path(scope) -> str:
-    path, root = scope["path"], scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root) else path

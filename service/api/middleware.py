@@ -13,7 +13,8 @@ from time import perf_counter, thread_time
 
 from service.admission import KeyedBudget
 from service.api.errors import send_error
-from service.errors import BadRequest, NotReady, Overloaded, TooLarge, TooSlow, Unauthorized
+from service.api.paths import app_path
+from service.errors import BadRequest, NotReady, Overloaded, ServiceError, TooLarge, TooSlow, Unauthorized
 from service.metrics import Metrics
 
 log = logging.getLogger("elmo.service")
@@ -33,32 +34,15 @@ class ApiKeys:
 
     def refuses(self, scope) -> bool:
         """Whether this request will be answered 401 or 400 here (tracing makes no span for it)."""
-        if scope["type"] != "http" or not self.digests:
-            return False
-        path, root = scope["path"], scope.get("root_path", "")
-        if (path[len(root) :] if root and path.startswith(root) else path) in self.OPEN:
-            return False
-        given = [value for name, value in scope.get("headers") or () if name == b"authorization"]
-        if len(given) != 1:
-            return True
-        scheme, _, token = given[0].partition(b" ")
-        presented = hashlib.sha256(token.strip()).digest()
-        matched = False
-        for digest in self.digests:
-            matched |= hmac.compare_digest(presented, digest)
-        return not (matched and scheme.lower() == b"bearer")
+        return self.verdict(scope) is not None
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not self.digests:
-            return await self.app(scope, receive, send)
-        path, root = scope["path"], scope.get("root_path", "")
-        if (path[len(root) :] if root and path.startswith(root) else path) in self.OPEN:
-            return await self.app(scope, receive, send)
+    def verdict(self, scope) -> ServiceError | None:
+        """The refusal of this request (400: several Authorization headers; 401: no valid key), or None: let in."""
+        if scope["type"] != "http" or not self.digests or app_path(scope) in self.OPEN:
+            return None
         given = [value for name, value in scope.get("headers") or () if name == b"authorization"]
         if len(given) > 1:  # which one counts would be a guess (a proxy may read the first, this the last)
-            return await send_error(
-                scope, send, BadRequest(f"{len(given)} Authorization headers; send one", "authorization")
-            )
+            return BadRequest(f"{len(given)} Authorization headers; send one", "authorization")
         header = given[0] if given else b""
         scheme, _, token = header.partition(b" ")
         presented = hashlib.sha256(token.strip()).digest()
@@ -66,12 +50,17 @@ class ApiKeys:
         for digest in self.digests:
             matched |= hmac.compare_digest(presented, digest)
         if matched and scheme.lower() == b"bearer":
-            return await self.app(scope, receive, send)
+            return None
         challenge = b'Bearer error="invalid_token"' if header else b"Bearer"
-        refused = Unauthorized(
+        return Unauthorized(
             "an API key is required (Authorization: Bearer <key>)", "authorization",
             headers=[(b"www-authenticate", challenge)],
         )  # fmt: skip
+
+    async def __call__(self, scope, receive, send):
+        refused = self.verdict(scope)
+        if refused is None:
+            return await self.app(scope, receive, send)
         await send_error(scope, send, refused)
 
 

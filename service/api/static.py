@@ -20,6 +20,8 @@ import orjson
 from fastapi import FastAPI
 from starlette.routing import Mount
 
+from service.api.paths import app_path
+
 PART_BYTES = 16 << 10
 STATIC_URL = "/static-offline-docs"  # where FastAPIOffline mounts the files of /docs and /redoc
 
@@ -53,8 +55,7 @@ class StaticAnswers:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        path, root = scope["path"], scope.get("root_path", "")
-        path = path[len(root) :] if root and path.startswith(root) else path
+        path, root = app_path(scope), scope.get("root_path", "")
         if path == self.fastapi.openapi_url:
             answer, route = self._openapi(root), path
         elif path.startswith(STATIC_URL + "/") and path[len(STATIC_URL) + 1 :] in self.files:

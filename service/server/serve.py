@@ -22,6 +22,7 @@ from service.metrics import Metrics
 from service.server import uvicorn_compat
 from service.server.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
 from service.server.log_bounds import AddressLog
+from service.server.metrics_port import MAX_CONNECTIONS, MAX_PER_CLIENT, MetricsApp
 from service.server.protocol import BoundedHttpProtocol
 from service.settings import Settings
 
@@ -57,6 +58,7 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         live_path=LIVE_PATH,
         live=live_answer,
     )
+    sides = (metrics_side(app, settings, http),) if settings.metrics_port is not None else ()
     # trace context only from the trusted proxies: judged by the connection's peer, before the proxy headers'
     # middleware (inside the gate here, not around it as uvicorn would put it) names the client
     forwarded = uvicorn_compat.proxy_headers(app, trusted) if trusted else app
@@ -65,6 +67,7 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         http,
         on_signal=on_signal,
         on_drain_cut=BoundedHttpProtocol.cut_off,
+        sides=sides,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -76,6 +79,21 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         proxy_headers=False,  # applied above, inside the trace context gate
         forwarded_allow_ips=trusted,
         timeout_graceful_shutdown=settings.drain_s,
+        timeout_keep_alive=settings.keep_alive_s,
+    )
+
+
+def metrics_side(app: FastAPI, settings: Settings, main: type[BoundedHttpProtocol]) -> uvicorn_compat.SidePort:
+    """ELMO_METRICS_PORT: /metrics alone, without keys, on the main port's protocol and bounds (its head timeout,
+    header limits, pipelining and write timeout), with connection caps of its own and no turns or liveness
+    answer (service/server/metrics_port.py)."""
+    caps = ConnectionCaps(MAX_CONNECTIONS, MAX_PER_CLIENT, Trusted([]), main.address_log)
+    http = main.configured(caps=caps, turns=None, trusted=Trusted([]), live=None)
+    return uvicorn_compat.SidePort(
+        MetricsApp(app),
+        http,
+        settings.host,
+        settings.metrics_port,
         timeout_keep_alive=settings.keep_alive_s,
     )
 

@@ -264,14 +264,59 @@ def run(
     http: type[HttpBase],
     on_signal: Callable[[], None],
     on_drain_cut: Callable[[HttpBase], None],
+    sides: tuple[SidePort, ...] = (),
     **settings: Any,
 ) -> bool:
     """Serve `app` with uvicorn's public settings (`settings`: host, port, timeouts...) and the `http` protocol,
     until a stop signal: `on_signal` first, then the drain; a request still running when the drain bound has
-    passed is cancelled, after `on_drain_cut` on each connection. Whether the server started."""
-    server = _DrainingServer(uvicorn.Config(app, http=http, **settings), on_signal, on_drain_cut)
+    passed is cancelled, after `on_drain_cut` on each connection. `sides`: other ports served in the same event
+    loop, from before the lifespan's start-up to after its shutdown. Whether the server started."""
+    server = _DrainingServer(uvicorn.Config(app, http=http, **settings), on_signal, on_drain_cut, sides)
     server.run()
     return server.started
+
+
+class SidePort:
+    """Another port (the metrics port), served by `http` in the main server's event loop: listening before the
+    lifespan's start-up (the models load), through the drain, closed after the lifespan's shutdown. Its
+    connections and requests are its own (a ServerState of their own): the main port's drain neither waits for
+    them nor closes them. `settings`: uvicorn's (timeout_keep_alive...)."""
+
+    def __init__(self, app, http: type[HttpBase], host: str, port: int, backlog: int = 128, **settings: Any):
+        self.config = uvicorn.Config(
+            app, http=http, host=host, port=port, backlog=backlog, lifespan="off", ws="none", log_config=None,
+            access_log=False, proxy_headers=False, **settings,
+        )  # fmt: skip
+        self.state = ServerState()
+        self.server: asyncio.AbstractServer | None = None
+
+    @property
+    def connections(self) -> set:
+        return self.state.connections
+
+    async def start(self) -> None:
+        self.config.load()
+        loop = asyncio.get_running_loop()
+        config, state = self.config, self.state
+
+        def made() -> HttpBase:
+            return config.http_protocol_class(config=config, server_state=state, app_state={}, _loop=loop)
+
+        self.server = await loop.create_server(made, host=config.host, port=config.port, backlog=config.backlog)
+
+    async def stop(self, wait_s: float = 1.0) -> None:
+        """Stop listening; close the connections (an answer being sent gets `wait_s` to finish)."""
+        if self.server is None:
+            return
+        self.server.close()
+        for connection in list(self.state.connections):
+            connection.shutdown()  # uvicorn's: closed now if idle, else after its answer
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while self.state.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.state.connections):
+            connection.wire.abort()
+        self.server = None
 
 
 # The signals that stop the server: each drains it, a second one stops it at once. SIGHUP too: its default action
@@ -283,9 +328,14 @@ class _DrainingServer(uvicorn.Server):
     """uvicorn, stopped the way a service behind a balancer should be (service/server/serve.py says how). uvicorn
     itself would raise the signal again once done, so the process would end killed by SIGTERM, not with status 0."""
 
-    def __init__(self, config: uvicorn.Config, on_signal, on_drain_cut):
+    def __init__(self, config: uvicorn.Config, on_signal, on_drain_cut, sides: tuple[SidePort, ...] = ()):
         super().__init__(config)
-        self.on_signal, self.on_drain_cut = on_signal, on_drain_cut
+        self.on_signal, self.on_drain_cut, self.sides = on_signal, on_drain_cut, sides
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        for side in self.sides:  # before the lifespan: the metrics answer while the models load
+            await side.start()
+        await super().startup(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -327,7 +377,11 @@ class _DrainingServer(uvicorn.Server):
             "draining: not ready, no new connections; requests in flight get %s s",
             self.config.timeout_graceful_shutdown,
         )
-        await super().shutdown(sockets)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            for side in self.sides:  # after the drain and the lifespan's shutdown: scraped until the end
+                await side.stop()
 
     async def _wait_tasks_to_complete(self) -> None:
         try:

@@ -327,7 +327,8 @@ def kube() -> dict[str, dict]:
 
 
 def test_kubernetes_manifests_parse_and_kustomize_lists_them(kube):
-    assert set(kube) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Kustomization"}
+    kinds = {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"}
+    assert set(kube) == kinds | {"Kustomization"}
     for kind, doc in kube.items():
         assert doc["apiVersion"] and (kind == "Kustomization" or doc["metadata"]["name"] == "elmo")
     for resource in kube["Kustomization"]["resources"]:
@@ -426,6 +427,31 @@ def test_prometheus_scrapes_the_metrics_port_which_needs_no_key(kube):
     assert int(env["ELMO_METRICS_PORT"]) != int(env["ELMO_PORT"])
     # the Service exposes the API alone: the metrics port is scraped pod by pod
     assert [port["targetPort"] for port in kube["Service"]["spec"]["ports"]] == ["http"]
+
+
+def test_a_network_policy_admits_only_prometheus_to_the_metrics_port(kube):
+    template = kube["Deployment"]["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    policy = kube["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()  # the service's pods
+    assert policy["policyTypes"] == ["Ingress"]  # every port not named below: nothing admitted
+    admitted: dict[int, list] = {}  # container port -> who may connect to it (None: anyone)
+    for rule in policy["ingress"]:
+        assert rule.get("ports"), rule  # a rule without ports would admit its peers to every port
+        for port in rule["ports"]:
+            assert port.get("protocol", "TCP") == "TCP"
+            admitted.setdefault(container_port(container, port["port"]), []).append(rule.get("from"))
+    api, metrics = int(env["ELMO_PORT"]), int(env["ELMO_METRICS_PORT"])
+    assert set(admitted) == {api, metrics}
+    assert admitted[api] == [None]  # the API: from anywhere, as without a policy (the Service, the probes)
+    (peers,) = admitted[metrics]
+    (peer,) = peers  # one peer: the namespace and the pods in one element, so both must match
+    assert set(peer) == {"namespaceSelector", "podSelector"}  # no ipBlock
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert peer["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    # the CPU overlay renders the GPU one's resources, the policy among them
+    assert "networkpolicy.yaml" in kube["Kustomization"]["resources"]
 
 
 def test_image_tags_are_the_version_and_runtime_set_through_kustomize(kube, compose):
