@@ -1,16 +1,22 @@
 """The /explore page's figures, in Debian's Chromium (headless shell) driven by Playwright:
 
-    python -m bench.explore [--runs 5] [--moves 60] [--full/--no-full]
+    python -m bench.explore [--runs 5] [--moves 60] [--full/--no-full] [--threads 2[,1]] [--before CHECKOUT]
 
 - page weight: the page's HTML, JavaScript and CSS as served, uncompressed (goal: at most 100 KB);
-- Embed to full render: from the Embed press to every view drawn (the page's own clock), 8 sentences of about 15
-  tokens on the default model (goal: under 1.0 s), and 40 such sentences on the full-size architecture, dim 1024,
-  random weights (goal: under 2.5 s); the server's own time for the same request beside it;
+- Embed to full render: from the Embed press to every view drawn and laid out (the page's own clock), 8 sentences
+  of about 15 tokens on the default model (goal: under 1.0 s), and 40 such sentences on the full-size
+  architecture, dim 1024, random weights (goal: under 2.5 s); the server alone for the same request beside it, and
+  where the time goes: the request to its answer's first byte (the server), the body's transfer (the browser's
+  Resource Timing), then the page's laps (body received, parsed, controls, the layers' dot products, cosines,
+  neighbours and PCA, views drawn, laid out);
 - a slider move to the views redrawn (the page's mix recomputed, every view drawn again and laid out): p95 on the
   default model with the 8 sentences (goal: under 30 ms), at dim 1024 with 40 occurrences (goal: under 100 ms).
 
-Each server runs on one ONNX Runtime thread; the browser on what is left. Prints the CPU's flags and the load beside
-the figures. The launch of the browser is here (tests/e2e/test_explore.py uses it too)."""
+The server runs on --threads ONNX Runtime threads (default 2, the host's cores: the server computes while the page
+waits for it, and the page after, so they take turns rather than share); --before CHECKOUT measures another
+checkout's page and server first (on --before-threads, default 1: how the figures were first taken), back to back
+in this process. Prints the CPU's flags and the load beside the figures. The launch of the browser is here
+(tests/e2e/test_explore.py uses it too)."""
 
 from __future__ import annotations
 
@@ -194,7 +200,8 @@ def main() -> int:
     parser.add_argument("--moves", type=int, default=60)
     parser.add_argument("--full", action=argparse.BooleanOptionalAction, default=True, help="also at dim 1024")
     parser.add_argument("--default", action=argparse.BooleanOptionalAction, default=True, help="the default model")
-    parser.add_argument("--threads", type=int, default=2, help="the server's ONNX Runtime threads (the host's cores)")
+    parser.add_argument("--threads", default="2", help="the server's ONNX Runtime threads (default: the host's "
+                        "2 cores); several, comma-separated, are measured in turn")  # fmt: skip
     parser.add_argument("--before", type=Path, help="another checkout (its page and server) measured first, as a "
                         "baseline, back to back with this one")  # fmt: skip
     parser.add_argument("--before-threads", type=int, default=1, help="the baseline server's threads")
@@ -212,7 +219,7 @@ def main() -> int:
     if args.full:
         cases.append(("full size, dim 1024, random weights", full_size_model() / "onnx", sentences * 5))
     checkouts = [(f"before ({args.before})", args.before.resolve(), args.before_threads)] if args.before else []
-    checkouts.append(("this checkout", ROOT, args.threads))
+    checkouts += [("this checkout", ROOT, int(threads)) for threads in args.threads.split(",")]
     for name, model, texts in cases:
         for which, root, threads in checkouts:
             server, url, _ = start_server(model, threads=threads, root=root)

@@ -561,7 +561,10 @@ function patchMatrix(box, key, matrix, from) {
   if (rows.length !== matrix.length || cols.length !== (matrix[0]?.length || 0)) return false;
   // the numbers once, on the chart (a cell's <title> reads its own when pointed at: retitle)
   svg.dataset.values = valuesOf(matrix);
-  svg.querySelector("g.cells").innerHTML = cellPaths(matrix, { ...gridOf(svg), from });
+  // the paths anew only where a colour changed (lightness in 1% steps: a small step often changes none)
+  const cells = svg.querySelector("g.cells");
+  const html = cellPaths(matrix, { ...gridOf(svg), from });
+  if (cells.drawn !== html) cells.innerHTML = cells.drawn = html;
   const details = box.querySelector("details");
   const id = details?.dataset.table;
   if (id) {
