@@ -134,10 +134,23 @@ def server_alone(url: str, sentences: list[str], runs: int, npz: bool) -> float:
     return statistics.median(seconds)
 
 
+def stage_totals(url: str) -> dict[str, tuple[float, float]]:
+    """The server's elmo_stage_seconds by stage: (sum, count) so far."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name in ("elmo_stage_seconds_sum", "elmo_stage_seconds_count"):
+                totals.setdefault(sample.labels["stage"], [0.0, 0.0])[sample.name.endswith("count")] += sample.value
+    return {stage: (total, count) for stage, (total, count) in totals.items()}
+
+
 def measure(url: str, sentences: list[str], word: str, runs: int, moves: int) -> dict:
     from playwright.sync_api import sync_playwright
 
     server_s = {"base64": server_alone(url, sentences, runs, False), "npz": server_alone(url, sentences, runs, True)}
+    stages_before = stage_totals(url)
     with sync_playwright() as p:
         browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -149,6 +162,7 @@ def measure(url: str, sentences: list[str], word: str, runs: int, moves: int) ->
             renders.append(embed_and_wait(page))
             laps.append(page.evaluate(EMBED_TIMING))
         renders, laps = renders[1:], laps[1:]
+        stages_after = stage_totals(url)
         page.evaluate("(w) => window.elmoExplore.pickWord(w)", word)
         occurrences = page.evaluate("window.elmoExplore.state.occurrences.length")
         page.evaluate(SLIDER_MOVES, 10)  # warm
@@ -160,6 +174,13 @@ def measure(url: str, sentences: list[str], word: str, runs: int, moves: int) ->
         "render_all": renders,
         "server_ms": {k: 1000 * v for k, v in server_s.items()},
         "laps": laps,
+        # the page's Embeds' mean per stage, in the server (parse, tokenize, compose, encode: CPU; engine: wall,
+        # queued and computed)
+        "stages": {
+            stage: 1000 * (total - stages_before.get(stage, (0, 0))[0]) / (count - stages_before.get(stage, (0, 0))[1])
+            for stage, (total, count) in stages_after.items()
+            if count > stages_before.get(stage, (0, 0))[1]
+        },
         "slider": percentiles(slider),
     }
 
@@ -187,6 +208,8 @@ def report(name: str, texts: list[str], tokens: int, weight: int, got: dict, loa
              (f"body transfer ({mb:.1f} MB)", statistics.median(lap["transfer"] for lap in laps))]  # fmt: skip
     where += [(f"page: {k}", statistics.median(lap["parts"][k] for lap in laps)) for k in laps[0]["parts"]]
     print("  where it goes (medians, ms; the page's parts include the transfer where they wait on it)")
+    stages = ", ".join(f"{stage} {ms:.0f}" for stage, ms in got["stages"].items())
+    print(f"    the server's stages, mean per Embed (ms; /metrics): {stages}")
     for label, ms in where:
         print(f"    {label:<40} {ms:8.1f}")
     print(f"  slider move to redrawn p50 {s['p50']:.1f} ms, p95 {s['p95']:.1f} ms, p99 {s['p99']:.1f} ms "
