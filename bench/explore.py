@@ -1,6 +1,6 @@
 """The /explore page's figures, in Debian's Chromium (headless shell) driven by Playwright:
 
-    python -m bench.explore [--runs 5] [--moves 60] [--full/--no-full] [--threads 2[,1]] [--before CHECKOUT]
+    python -m bench.explore [--runs 5] [--moves 60] [--full/--no-full] [--threads 1,2] [--before CHECKOUT]
 
 - page weight: the page's HTML, JavaScript and CSS as served, uncompressed (goal: at most 100 KB);
 - Embed to full render: from the Embed press to every view drawn and laid out (the page's own clock), 8 sentences
@@ -12,8 +12,9 @@
 - a slider move to the views redrawn (the page's mix recomputed, every view drawn again and laid out): p95 on the
   default model with the 8 sentences (goal: under 30 ms), at dim 1024 with 40 occurrences (goal: under 100 ms).
 
-The server runs on --threads ONNX Runtime threads (default 2, the host's cores: the server computes while the page
-waits for it, and the page after, so they take turns rather than share); --before CHECKOUT measures another
+The server runs on each of --threads' ONNX Runtime thread counts in turn (default 1, and 2: the host's cores, what
+`make serve` takes there; the server computes while the page waits, and the page after, so they take turns, but
+on a host whose cores other jobs hold, two threads lose more than they gain); --before CHECKOUT measures another
 checkout's page and server first (on --before-threads, default 1: how the figures were first taken), back to back
 in this process. Prints the CPU's flags and the load beside the figures. The launch of the browser is here
 (tests/e2e/test_explore.py uses it too)."""
@@ -223,8 +224,8 @@ def main() -> int:
     parser.add_argument("--moves", type=int, default=60)
     parser.add_argument("--full", action=argparse.BooleanOptionalAction, default=True, help="also at dim 1024")
     parser.add_argument("--default", action=argparse.BooleanOptionalAction, default=True, help="the default model")
-    parser.add_argument("--threads", default="2", help="the server's ONNX Runtime threads (default: the host's "
-                        "2 cores); several, comma-separated, are measured in turn")  # fmt: skip
+    parser.add_argument("--threads", default="1,2", help="the server's ONNX Runtime threads, comma-separated: each "
+                        "measured in turn (default: one, and the host's two cores)")  # fmt: skip
     parser.add_argument("--before", type=Path, help="another checkout (its page and server) measured first, as a "
                         "baseline, back to back with this one")  # fmt: skip
     parser.add_argument("--before-threads", type=int, default=1, help="the baseline server's threads")
