@@ -208,6 +208,8 @@ def report(name: str, texts: list[str], tokens: int, weight: int, got: dict, loa
     where = [("request to first byte (server)", statistics.median(lap["server"] for lap in laps)),
              (f"body transfer ({mb:.1f} MB)", statistics.median(lap["transfer"] for lap in laps))]  # fmt: skip
     where += [(f"page: {k}", statistics.median(lap["parts"][k] for lap in laps)) for k in laps[0]["parts"]]
+    after = statistics.median(r - lap["server"] for r, lap in zip(got["render_all"], laps, strict=True))
+    where.append(("after the first byte (transfer + page)", after))
     print("  where it goes (medians, ms; the page's parts include the transfer where they wait on it)")
     stages = ", ".join(f"{stage} {ms:.0f}" for stage, ms in got["stages"].items())
     print(f"    the server's stages, mean per Embed (ms; /metrics): {stages}")
