@@ -192,6 +192,12 @@ def test_a_slider_changes_the_mix_and_the_page_mix_equals_the_api_mix(tab, serve
         shown = page_mix(tab)
         worst = max(float(np.abs(a - b).max()) for a, b in zip(shown, served, strict=True))
         assert worst <= 1e-5, (mix, worst)
+        # the mix's matrix (cosines from the layers' dot products, never from the mixed vectors) is the cosines of
+        # the API's mixed vectors of "bank" (shown to 6 decimals)
+        at = tab.value("window.elmoExplore.state.occurrences.map((o) => [o.s, o.t])")
+        bank = np.asarray([served[s][t] for s, t in at], dtype=np.float64)
+        unit = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+        np.testing.assert_allclose(tab.matrix("mix"), unit @ unit.T, rtol=0, atol=2e-6, err_msg=str(mix))
     # gamma changes no cosine: the norm it shows does change
     norm = tab.value("document.getElementById('mix-norm').textContent")
     tab.page.fill("#gamma", "2")
