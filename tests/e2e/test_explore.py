@@ -8,6 +8,8 @@ ELMO_EXPLORE_SCREENSHOT=docs/images/explore.png writes the docs' screenshot from
 from __future__ import annotations
 
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 
 from bench.explore import PAGE_FILES, browser_missing, embed_and_wait, example, launch_chromium, wait_until
-from tests.live_server import running_server
+from tests.live_server import counter, running_server
 
 MISSING = browser_missing()
 if MISSING and (os.environ.get("CI") or os.environ.get("BROWSER_TESTS") == "required"):
@@ -190,6 +192,12 @@ def test_a_slider_changes_the_mix_and_the_page_mix_equals_the_api_mix(tab, serve
         shown = page_mix(tab)
         worst = max(float(np.abs(a - b).max()) for a, b in zip(shown, served, strict=True))
         assert worst <= 1e-5, (mix, worst)
+        # the mix's matrix (cosines from the layers' dot products, never from the mixed vectors) is the cosines of
+        # the API's mixed vectors of "bank" (shown to 6 decimals)
+        at = tab.value("window.elmoExplore.state.occurrences.map((o) => [o.s, o.t])")
+        bank = np.asarray([served[s][t] for s, t in at], dtype=np.float64)
+        unit = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+        np.testing.assert_allclose(tab.matrix("mix"), unit @ unit.T, rtol=0, atol=2e-6, err_msg=str(mix))
     # gamma changes no cosine: the norm it shows does change
     norm = tab.value("document.getElementById('mix-norm').textContent")
     tab.page.fill("#gamma", "2")
@@ -212,7 +220,12 @@ def test_errors_in_words(tab):
     tab.open().models_loaded()
     explain = "([s, d, r]) => import('./explore/app.js').then((m) => m.explain(s, d, r))"
     busy = tab.page.evaluate(explain, [503, "the queue is full", "2"])
-    assert "503" in busy and "the queue is full" in busy and "Try again in 2 s" in busy
+    assert "503" in busy and "the queue is full" in busy and "again in 2 seconds" in busy, busy
+    assert "again in 1 second:" in tab.page.evaluate(explain, [503, "busy", "1"])
+    assert "in about 2 minutes" in tab.page.evaluate(explain, [503, "busy", "120"])
+    assert "in a few seconds" in tab.page.evaluate(explain, [503, "busy", None])
+    later = "new Date(Date.now() + 30500).toUTCString()"  # an HTTP date (a proxy's Retry-After), 30-31 s away
+    assert "again in 3" in tab.page.evaluate(f"import('./explore/app.js').then((m) => m.explain(503, 'x', {later}))")
     assert "sentences.0" in tab.page.evaluate(explain, [422, "sentences.0: a string is too long", None])
 
 
@@ -311,3 +324,79 @@ def test_the_screenshot(tab, tmp_path):
     clip = {"x": 0, "y": top - 8, "width": 1280, "height": bottom - top}
     tab.page.screenshot(path=str(out), full_page=True, clip=clip)
     assert 20_000 < out.stat().st_size < 300_000
+
+
+# A real overload: the queue holds 200 tokens and the engine waits up to 3 s for company before it runs what is
+# queued, so two requests of 100 tokens from another address (127.0.0.2) fill it for that long. The page's request
+# (the example: 8 sentences, about 140 tokens with their boundaries) is over its address's share of a full queue
+# (200 / 2 clients), so the batcher refuses it (QueueFull): 503 with the server's Retry-After (7 s here).
+BUSY = {"ELMO_QUEUE_TOKENS": "200", "ELMO_BATCH_TOKENS": "4096", "ELMO_MAX_WAIT_MS": "3000", "ELMO_RETRY_AFTER_S": "7"}
+
+
+def test_a_real_503_is_shown_in_words_keeps_the_text_and_the_next_embed_recovers(browser, tmp_path):
+    with (
+        running_server(None, tmp_path, BUSY) as busy,
+        httpx.Client(base_url=busy.url) as client,
+        httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), base_url=busy.url, timeout=60) as other,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        tab = Page(browser, busy.url)
+        try:
+            assert embed_example(tab) > 0  # a view on screen before the server gets busy
+            text = tab.page.input_value("#sentences")
+            flood = [{"sentences": [[f"w{k}"] * 98], "pooling": "mean"} for k in range(2)]  # 100 tokens each
+            flooding = [pool.submit(other.post, "/embed", json=body) for body in flood]
+            deadline = time.monotonic() + 2
+            while counter(client, "elmo_queue_tokens") < 200:  # both queued: the queue is full
+                assert time.monotonic() < deadline, "the other address's requests never filled the queue"
+                time.sleep(0.02)
+            # what the page's request gets, as any client would: a 503 with Retry-After
+            refused = httpx.post(f"{busy.url}/embed", json={"sentences": BANK, "output": "layers"})
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "7", refused.text
+            tab.page.click("#embed")
+            error = "document.getElementById('error')"
+            message = wait_until(tab.page, f"{error}.hidden ? '' : {error}.textContent", 10)
+            assert counter(client, "elmo_queue_tokens") == 200, "the flood was answered first: the 503 was missed"
+            assert "503" in message and refused.json()["detail"] in message, message  # the server's own words
+            assert "again in 7 seconds" in message, message
+            assert tab.page.input_value("#sentences") == text  # nothing typed is lost
+            assert tab.value("document.querySelectorAll('#trails-svg polyline').length") == 8  # the last view stays
+            assert not tab.value("document.getElementById('embed').disabled")
+            assert [f.result().status_code for f in flooding] == [200, 200]  # answered: the queue is free again
+            embed_and_wait(tab.page, 60)  # the next Embed recovers
+            assert tab.value(f"{error}.hidden") and tab.value("window.elmoExplore.state.occurrences.length") == 8
+            served = mix_from_api(busy.url, BANK, {"weights": [0, 0, 0]})
+            shown = page_mix(tab)
+            assert max(float(np.abs(a - b).max()) for a, b in zip(shown, served, strict=True)) <= 1e-5
+            assert tab.outside == [] and len(tab.errors) == 1 and "503" in tab.errors[0]  # the browser's own line
+        finally:
+            tab.close()
+
+
+def test_the_page_reads_the_npz_answer_and_falls_back_to_base64_json(tab, server):
+    """The page asks for the layers as an .npz (their float32 bytes, read in place); an answer in JSON (a proxy that
+    drops the Accept header) still works: the layers in base64. Either gives the API's mix to 1e-5."""
+    seen = []
+    tab.page.on("request", lambda r: r.url.endswith("/embed") and seen.append(r.headers.get("accept")))
+    embed_example(tab)
+    assert seen == ["application/x-npz"]
+    # JSON instead: the Accept header dropped on the way
+    tab.page.route("**/embed", lambda r: r.continue_(headers={**r.request.headers, "accept": "application/json"}))
+    embed_and_wait(tab.page, 60)
+    served = mix_from_api(server.url, BANK, {"weights": [0, 0, 0]})
+    shown = page_mix(tab)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(shown, served, strict=True)) <= 1e-5
+    assert tab.value("window.elmoExplore.state.occurrences.length") == 8 and tab.errors == []
+
+
+def test_a_matrix_cell_pointed_at_shows_its_row_column_and_cosine(tab):
+    embed_example(tab)
+    chart = tab.page.locator('svg.matrix[data-view="2"]')
+    chart.scroll_into_view_if_needed()
+    box = chart.bounding_box()
+    cell = box["width"] / 8  # 8 x 8: the cell in row 2, column 5 (1-based), at its centre
+    tab.page.mouse.move(box["x"] + 4.5 * cell, box["y"] + 1.5 * cell)
+    titles = tab.value("""[...document.querySelectorAll('svg.matrix[data-view="2"] g.cells path > title')]
+                          .map((t) => t.textContent)""")
+    value = tab.matrix("2")[1, 4]
+    assert titles == [f"bank (2) × bank (5): {value:.3f}"], titles

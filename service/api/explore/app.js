@@ -6,6 +6,7 @@ import * as V from "./vectors.js";
 
 const $ = (id) => document.getElementById(id);
 const KEY_STORE = "elmo-explore-key";
+const NPZ = "application/x-npz";
 const NEAREST_K = 4;
 const SENTENCE_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
 const GROUP_COLOURS = { A: "#1f5fbf", B: "#d9480f", "": "#999999" };
@@ -80,14 +81,23 @@ function headers() {
   return h;
 }
 
-async function call(path, body) {
+async function call(path, body, accept) {
+  const response = await ask(path, body, accept);
+  return response.json();
+}
+
+// The server's answer to `path` (GET, or POST of `body`), `accept`ing what the caller reads; an error in words
+// (explain) unless it is a success.
+async function ask(path, body, accept) {
   let response;
+  const h = headers();
+  if (accept) h.accept = accept;
   try {
-    response = await fetch(path, body === undefined ? { headers: headers() } : { method: "POST", headers: headers(), body: JSON.stringify(body) });
+    response = await fetch(path, body === undefined ? { headers: h } : { method: "POST", headers: h, body: JSON.stringify(body) });
   } catch (error) {
     throw new Error(`The server could not be reached (${error.message}). Is elmo-serve still running at ${location.host}?`);
   }
-  if (response.ok) return response.json();
+  if (response.ok) return response;
   let detail = "";
   try {
     const answer = await response.json();
@@ -111,10 +121,22 @@ export function explain(status, detail, retryAfter) {
     case 404:
       return `Not found (404: ${detail}). Choose another model.`;
     case 503:
-      return `The server is busy or starting (503: ${detail}). Try again in ${retryAfter || "a few"} s.`;
+      return `The server is busy or starting (503: ${detail}). Press Embed again ${retryIn(retryAfter)}: what you typed stays here.`;
     default:
       return `The server answered ${status}: ${detail}`;
   }
+}
+
+// A 503's Retry-After in words: seconds (what elmo-serve sends) or an HTTP date (a proxy's).
+export function retryIn(value) {
+  const text = (value || "").trim();
+  let seconds = /^\d+$/.test(text) ? Number(text) : Math.ceil((Date.parse(text) - Date.now()) / 1000);
+  if (!Number.isFinite(seconds)) return "in a few seconds";
+  seconds = Math.max(0, seconds);
+  if (seconds === 0) return "now";
+  if (seconds < 90) return `in ${seconds} second${seconds === 1 ? "" : "s"}`;
+  const minutes = Math.round(seconds / 60);
+  return `in about ${minutes} minute${minutes === 1 ? "" : "s"}`;
 }
 
 function showError(message) {
@@ -161,11 +183,34 @@ async function embed() {
   $("status").textContent = "Embedding…";
   try {
     const model = $("model").value || undefined;
-    const answer = await call("embed", { model, sentences: texts, output: "layers", encoding: "base64" });
-    const answered = performance.now();
-    const sentences = answer.data.map(V.sentenceOf);
-    const decoded = performance.now();
+    // Every layer of every token, as an .npz (service/api/answers.py): its float32 bytes read where they lie, where
+    // base64 in JSON took the page a parse of 1.3 times the bytes as text and a decode (about 60 ms more at dim 1024
+    // with 40 sentences, and the server its base64 encoding).
+    const laps = {};
+    let mark = started;
+    const lap = (name) => {
+      const now = performance.now();
+      laps[name] = now - mark;
+      mark = now;
+    };
+    const response = await ask("embed", { model, sentences: texts, output: "layers", encoding: "base64" }, NPZ);
+    lap("answer's first byte");
+    const body = await response.arrayBuffer();
+    lap("body received");
+    let answer;
+    let sentences;
+    if ((response.headers.get("content-type") || "").startsWith(NPZ)) {
+      const npz = V.readNpz(body);
+      answer = npz.answer;
+      sentences = answer.data.map((item) => V.sentenceOf(item, npz.arrays.get(`embedding_${item.index}`).data));
+    } else {
+      // a server (or a proxy between) that answers JSON whatever is asked: the layers in base64
+      answer = JSON.parse(new TextDecoder().decode(body));
+      sentences = answer.data.map((item) => V.sentenceOf(item));
+    }
+    lap("parsed");
     state.drawn = (state.drawn || 0) + 1;
+    state.fixed = null; // the last word's numbers are of the last answer: nothing is drawn from them again
     state.data = { model: answer.model, numLayers: answer.num_layers, dim: answer.dim, sentences, texts };
     if (state.groups.length !== texts.length) state.groups = texts.map((_, i) => state.groups[i] || "");
     if (state.weights.length !== answer.num_layers) state.weights = new Array(answer.num_layers).fill(0);
@@ -177,8 +222,11 @@ async function embed() {
     const tokens = sentences.flatMap((s) => s.tokens);
     if (!tokens.includes(state.word)) state.word = guessWord(sentences);
     remix();
-    pickWord(state.word);
-    timings.embedParts = { answer: answered - started, decode: decoded - answered, views: performance.now() - decoded };
+    lap("controls drawn");
+    pickWord(state.word, lap);
+    void document.body.offsetHeight; // laid out: the views are on screen at the next paint
+    lap("views laid out");
+    timings.embedParts = laps;
     timings.embedToRender = performance.now() - started;
     $("status").textContent = `${sentences.length} sentences, ${answer.usage.tokens} tokens, dim ${answer.dim}: drawn in ${Math.round(timings.embedToRender)} ms.`;
   } catch (error) {
@@ -329,7 +377,8 @@ function settled() {
   saveState();
 }
 
-function pickWord(word) {
+// lap(name): a stage of the drawing done (Embed's clock).
+function pickWord(word, lap = () => {}) {
   state.word = word;
   const occ = [];
   state.data.sentences.forEach((s, i) => s.tokens.forEach((t, j) => t === word && occ.push({ s: i, t: j })));
@@ -340,18 +389,21 @@ function pickWord(word) {
   const layers = [...Array(state.data.numLayers).keys()];
   const rows = layers.flatMap((l) => occ.map((o) => tokenVector(l, o.s, o.t)));
   const fixed = mixGram(occ);
+  lap("the layers' dot products");
   const cosines = layers.map((l) => V.layerCosines(fixed.gram, l));
   fixed.matrices = cosines.map((c) => c.map((row) => Float64Array.from(fixed.places, (p) => row[p])));
   fixed.nearest = cosines.map((c) => nearestOf(c, fixed));
   fixed.pca = V.pca2(rows);
   fixed.points = layers.map((l) => occ.map((o) => fixed.pca.project(tokenVector(l, o.s, o.t))));
   state.fixed = fixed;
+  lap("cosines, neighbours, PCA");
   $("word-title").textContent = `“${word}”: ${occ.length} occurrence${occ.length === 1 ? "" : "s"} in ${new Set(occ.map((o) => o.s)).size} sentences`;
   drawLayerMatrices();
   drawMixViews();
   drawHeatmap();
   drawCopy();
   saveState();
+  lap("views drawn");
 }
 
 // The layers' matrices, drawn once per word: the sliders change none of them. Their smallest cosine sets the
@@ -370,14 +422,15 @@ function mixGram(occ) {
   state.data.sentences.forEach((sentence, s) => sentence.tokens.forEach((token, t) => tokens.push({ sentence, s, t, token })));
   const place = new Map(tokens.map((x, i) => [`${x.s},${x.t}`, i]));
   const queries = occ.map((o) => tokens[place.get(`${o.s},${o.t}`)]);
-  return { tokens, queries, places: queries.map((q) => place.get(`${q.s},${q.t}`)), gram: V.layerGram(queries, tokens) };
+  const places = queries.map((q) => place.get(`${q.s},${q.t}`));
+  return { tokens, queries, places, gram: V.layerGram(places, tokens) };
 }
 
 // The mix's cosines, occurrences x all tokens, for the sliders' mix, from the dot products of the layers.
 function mixRows() {
   const f = state.fixed;
   const coefs = state.data.sentences.map((s) => V.mixCoefficients(s, mixOptions()));
-  const { rows, queryNorms } = V.mixCosines(f.gram, f.queries, f.tokens, (x) => coefs[x.s], state.data.dim);
+  const { rows, queryNorms } = V.mixCosines(f.gram, f.tokens.map((x) => coefs[x.s]));
   return { rows, queryNorms, coefs };
 }
 
@@ -419,14 +472,25 @@ function matrixSvg(matrix, rowLabels, colLabels, title, view) {
   const n = matrix.length;
   const m = matrix[0]?.length || 0;
   const cell = Math.max(6, Math.min(22, Math.floor(220 / Math.max(n, m, 1))));
-  const parts = [];
-  for (let i = 0; i < n; i++) {
-    for (let j = 0; j < m; j++) {
-      const v = matrix[i][j];
-      parts.push(`<rect x="${j * cell}" y="${i * cell}" width="${cell}" height="${cell}" fill="${cellColour(v)}" data-k="${i * m + j}"><title>${esc(rowLabels[i])} × ${esc(colLabels[j])}: ${fmt(v)}</title></rect>`);
+  const grid = { cell, x0: 0, y0: 0, from: low };
+  return `<svg role="img" class="matrix" data-view="${view}" data-values="${valuesOf(matrix)}" ${cellData(rowLabels, colLabels, grid)} width="${m * cell}" height="${n * cell}" viewBox="0 0 ${m * cell} ${n * cell}"><title>${esc(title)}</title><g class="cells">${cellPaths(matrix, grid)}</g></svg>`;
+}
+
+// A matrix's cells as one <path> per colour (lightness in 1% steps: a few dozen), each cell a square of it: four
+// 40 x 40 matrices were 6,400 <rect>s, whose parsing, style and layout were most of drawing an Embed's views.
+function cellPaths(matrix, { cell, x0, y0, from }) {
+  const byColour = new Map();
+  for (let i = 0; i < matrix.length; i++) {
+    const row = matrix[i];
+    for (let j = 0; j < row.length; j++) {
+      const fill = cellColour(row[j], from);
+      const square = `M${x0 + j * cell} ${y0 + i * cell}h${cell}v${cell}h-${cell}z`;
+      const list = byColour.get(fill);
+      if (list) list.push(square);
+      else byColour.set(fill, [square]);
     }
   }
-  return `<svg role="img" class="matrix" data-view="${view}" data-values="${valuesOf(matrix)}" width="${m * cell}" height="${n * cell}" viewBox="0 0 ${m * cell} ${n * cell}"><title>${esc(title)}</title>${parts.join("")}</svg>`;
+  return Array.from(byColour, ([fill, squares]) => `<path fill="${fill}" d="${squares.join("")}"/>`).join("");
 }
 
 // A chart's numbers, one click away: the table is written when its <details> opens (and again at each redraw
@@ -488,24 +552,19 @@ function sameInto(live, model) {
   return true;
 }
 
-// A matrix redrawn with the same cells (a slider moved): new colours, values and titles in place, no new elements
-// (what costs a slider move most is laying out new ones). False when the cells are not the same ones.
+// A matrix redrawn with the same cells (a slider moved): its numbers and its colours' paths anew, the chart, its
+// labels and table kept. False when the cells are not the same ones.
 function patchMatrix(box, key, matrix, from) {
   if (box.dataset.key !== key) return false;
   const svg = box.querySelector("svg");
-  const rects = svg.querySelectorAll("rect");
-  const m = matrix[0]?.length || 0;
-  if (rects.length !== matrix.length * m) return false;
-  // the numbers once, on the chart (a cell's <title> reads its own when pointed at: retitle); a cell's colour only
-  // where it changed (lightness in 1% steps: a small slider step repaints a few cells, not all)
+  const [rows, cols] = JSON.parse(svg.dataset.labels);
+  if (rows.length !== matrix.length || cols.length !== (matrix[0]?.length || 0)) return false;
+  // the numbers once, on the chart (a cell's <title> reads its own when pointed at: retitle)
   svg.dataset.values = valuesOf(matrix);
-  const fills = (box.fills ??= Array.from(rects, (r) => r.getAttribute("fill")));
-  for (let i = 0; i < matrix.length; i++) {
-    for (let j = 0; j < m; j++) {
-      const fill = cellColour(matrix[i][j], from);
-      if (fills[i * m + j] !== fill) rects[i * m + j].setAttribute("fill", (fills[i * m + j] = fill));
-    }
-  }
+  // the paths anew only where a colour changed (lightness in 1% steps: a small step often changes none)
+  const cells = svg.querySelector("g.cells");
+  const html = cellPaths(matrix, { ...gridOf(svg), from });
+  if (cells.drawn !== html) cells.innerHTML = cells.drawn = html;
   const details = box.querySelector("details");
   const id = details?.dataset.table;
   if (id) {
@@ -516,6 +575,12 @@ function patchMatrix(box, key, matrix, from) {
   return true;
 }
 
+// A matrix chart's row and column labels and where its cells lie, for its cells' titles (retitle) and patchMatrix.
+const cellData = (rows, cols, { cell, x0, y0 }) => `data-labels="${esc(JSON.stringify([rows, cols]))}" data-grid="${cell},${x0},${y0}"`;
+const gridOf = (svg) => {
+  const [cell, x0, y0] = svg.dataset.grid.split(",").map(Number);
+  return { cell, x0, y0 };
+};
 const valuesOf = (matrix) => matrix.map((row) => Array.from(row, (v) => v.toFixed(6)).join(",")).join(",");
 
 function matrixFigure(view, matrix) {
@@ -550,7 +615,6 @@ function drawMixViews() {
   const figureKey = `${state.drawn}|${state.word}|${labels.length}|${low}`;
   if (!patchMatrix($("matrix-mix"), figureKey, mixMatrix, low)) {
     $("matrix-mix").innerHTML = matrixFigure("mix", mixMatrix);
-    $("matrix-mix").fills = null;
     $("matrix-mix").dataset.key = figureKey;
   }
   const meanNorm = queryNorms.reduce((a, b) => a + b, 0) / Math.max(queryNorms.length, 1);
@@ -700,10 +764,7 @@ function drawHeatmap() {
   const cell = Math.max(8, Math.min(22, Math.floor(360 / Math.max(sa.tokens.length, sb.tokens.length))));
   const left = 90;
   const topPad = 90;
-  const cells = [];
-  matrix.forEach((row, i) =>
-    row.forEach((v, j) => cells.push(`<rect x="${left + j * cell}" y="${topPad + i * cell}" width="${cell}" height="${cell}" fill="${cellColour(v, from)}" data-k="${i * row.length + j}"><title>${esc(sa.tokens[i])} (${a + 1}) × ${esc(sb.tokens[j])} (${b + 1}): ${fmt(v)}</title></rect>`)),
-  );
+  const grid = { cell, x0: left, y0: topPad, from };
   const rowText = sa.tokens.map((t, i) => `<text x="${left - 4}" y="${topPad + i * cell + cell * 0.7}" text-anchor="end">${esc(t)}</text>`);
   const colText = sb.tokens.map((t, j) => `<text transform="translate(${left + j * cell + cell * 0.7},${topPad - 4}) rotate(-60)">${esc(t)}</text>`);
   const W = left + sb.tokens.length * cell + 10;
@@ -711,8 +772,8 @@ function drawHeatmap() {
   const title = `Token × token cosines of sentences ${a + 1} and ${b + 1}, ${viewName(view)} (white at ${fmt(from)} or below, deep blue at 1.000)`;
   const rows = matrix.map((row, i) => [sa.tokens[i], ...Array.from(row, fmt)]);
   $("heatmap").dataset.key = heatKey;
-  $("heatmap").fills = null;
-  $("heatmap").innerHTML = `<svg role="img" class="heatmap" data-values="${valuesOf(matrix)}" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${rowText.join("")}${colText.join("")}${cells.join("")}</svg>${tableHtml("heatmap", title, ["", ...sb.tokens], rows)}`;
+  const labels = cellData(sa.tokens.map((t) => `${t} (${a + 1})`), sb.tokens.map((t) => `${t} (${b + 1})`), grid);
+  $("heatmap").innerHTML = `<svg role="img" class="heatmap" data-values="${valuesOf(matrix)}" ${labels} width="${W}" height="${H}" viewBox="0 0 ${W} ${H}"><title>${esc(title)}</title>${rowText.join("")}${colText.join("")}<g class="cells">${cellPaths(matrix, grid)}</g></svg>${tableHtml("heatmap", title, ["", ...sb.tokens], rows)}`;
   tables.get("heatmap").labels = sa.tokens;
 }
 
@@ -759,18 +820,27 @@ async function copyText(id, button) {
 
 // ---- start
 
-// A patched cell's <title> ends in the number it was drawn with: the one it holds now, when it is pointed at.
+// A matrix's cells are a few paths (cellPaths): the one under the pointer gets the <title> of the cell there (its
+// row, column and number, as the chart holds them now: the browser's tooltip), from the chart's labels and numbers.
 function retitle(event) {
-  const cell = event.target;
-  const values = cell.parentNode?.dataset?.values;
-  if (cell.tagName !== "rect" || cell.dataset.k === undefined || !values || !cell.firstElementChild) return;
-  const value = Number(values.split(",")[Number(cell.dataset.k)]);
-  const title = cell.firstElementChild;
-  title.textContent = title.textContent.replace(/: [^:]*$/, `: ${fmt(value)}`);
+  const path = event.target;
+  const svg = path.parentNode?.parentNode;
+  if (path.tagName !== "path" || !path.parentNode.classList.contains("cells") || !svg.dataset.labels) return;
+  const { cell, x0, y0 } = gridOf(svg);
+  const at = svg.createSVGPoint();
+  [at.x, at.y] = [event.clientX, event.clientY];
+  const p = at.matrixTransform(svg.getScreenCTM().inverse()); // the pointer in the chart's own units
+  const [rows, cols] = JSON.parse(svg.dataset.labels);
+  const i = Math.floor((p.y - y0) / cell);
+  const j = Math.floor((p.x - x0) / cell);
+  if (!(i >= 0 && i < rows.length && j >= 0 && j < cols.length)) return;
+  const value = Number(svg.dataset.values.split(",")[i * cols.length + j]);
+  const title = path.firstElementChild ?? path.appendChild(document.createElementNS(svg.namespaceURI, "title"));
+  title.textContent = `${rows[i]} × ${cols[j]}: ${fmt(value)}`;
 }
 
 function wire() {
-  document.addEventListener("pointerover", retitle);
+  document.addEventListener("pointermove", retitle);
   document.addEventListener("toggle", toggled, true); // toggle does not bubble: caught on its way down
   const key = $("key");
   key.value = sessionStorage.getItem(KEY_STORE) || "";

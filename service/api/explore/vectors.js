@@ -22,10 +22,63 @@ export function decodeFloat32(base64) {
   return Float32Array.from({ length: bytes.length / 4 }, (_, i) => view.getFloat32(4 * i, true));
 }
 
-// One sentence of an output "layers" answer: tokens, and its layers (num_layers, n, dim) as one Float32Array.
-export function sentenceOf(item) {
+// /embed's .npz answer (`Accept: application/x-npz`, service/api/answers.py): a zip, stored uncompressed, of
+// `embedding_<index>.npy` (each sentence's float32 layers) and `answer.json` (the answer without them). Read
+// straight from the bytes: no base64 to undo, no 10 MB of JSON text to parse. {answer, arrays: name -> {shape, data}}.
+export function readNpz(buffer) {
+  const bytes = new Uint8Array(buffer);
+  const view = new DataView(buffer);
+  let end = bytes.length - 22; // the end-of-central-directory record, found from the back (no comment is written)
+  while (end >= 0 && view.getUint32(end, true) !== 0x06054b50) end--;
+  if (end < 0) throw new Error("the answer is not a zip (.npz)");
+  const count = view.getUint16(end + 10, true);
+  let at = view.getUint32(end + 16, true); // the central directory
+  const members = new Map();
+  for (let k = 0; k < count; k++) {
+    if (view.getUint32(at, true) !== 0x02014b50) throw new Error("a broken .npz: its central directory");
+    const method = view.getUint16(at + 10, true);
+    const size = view.getUint32(at + 20, true);
+    const nameLength = view.getUint16(at + 28, true);
+    const skip = nameLength + view.getUint16(at + 30, true) + view.getUint16(at + 32, true);
+    const local = view.getUint32(at + 42, true);
+    const name = new TextDecoder().decode(bytes.subarray(at + 46, at + 46 + nameLength));
+    if (method !== 0 || size === 0xffffffff) throw new Error(`${name} in the .npz is compressed or over 4 GB`);
+    // the data follow the member's local header, whose name and extra field (zip64's) have their own lengths
+    const start = local + 30 + view.getUint16(local + 26, true) + view.getUint16(local + 28, true);
+    members.set(name, { start, size });
+    at += 46 + skip;
+  }
+  const text = (m) => new TextDecoder().decode(bytes.subarray(m.start, m.start + m.size));
+  const arrays = new Map();
+  for (const [name, m] of members) if (name.endsWith(".npy")) arrays.set(name.slice(0, -4), readNpy(buffer, m.start, m.size));
+  return { answer: JSON.parse(text(members.get("answer.json"))), arrays };
+}
+
+// One .npy (version 1 to 3) of little-endian float32 in C order: its shape and a Float32Array over its numbers (a
+// view of the answer's bytes where they sit 4-byte aligned, else a copy).
+function readNpy(buffer, start, size) {
+  const view = new DataView(buffer, start, size);
+  const major = view.getUint8(6);
+  const headerLength = major === 1 ? view.getUint16(8, true) : view.getUint32(8, true);
+  const first = major === 1 ? 10 : 12;
+  const header = new TextDecoder().decode(new Uint8Array(buffer, start + first, headerLength));
+  const descr = /'descr':\s*'([^']*)'/.exec(header)?.[1];
+  if (descr !== "<f4" || /'fortran_order':\s*True/.test(header)) throw new Error(`a .npy of ${descr} (not <f4, C order)`);
+  const shape = /'shape':\s*\(([^)]*)\)/.exec(header)[1].split(",").filter((x) => x.trim()).map(Number);
+  const offset = start + first + headerLength;
+  const length = (size - first - headerLength) / 4;
+  if (!LITTLE_ENDIAN) {
+    const numbers = new DataView(buffer, offset, 4 * length);
+    return { shape, data: Float32Array.from({ length }, (_, i) => numbers.getFloat32(4 * i, true)) };
+  }
+  const data = offset % 4 === 0 ? new Float32Array(buffer, offset, length) : new Float32Array(buffer.slice(offset, offset + 4 * length));
+  return { shape, data };
+}
+
+// One sentence of an output "layers" answer: tokens, and its layers (num_layers, n, dim) as one Float32Array (`layers`:
+// the .npz's array; else the JSON item's base64).
+export function sentenceOf(item, layers = decodeFloat32(item.embedding)) {
   const [numLayers, n, dim] = item.shape;
-  const layers = decodeFloat32(item.embedding);
   const sentence = { tokens: item.tokens, n, dim, numLayers, layers, stats: null };
   sentence.vector = (layer, t) => layers.subarray((layer * n + t) * dim, (layer * n + t + 1) * dim);
   return sentence;
@@ -218,66 +271,142 @@ export function mixCoefficients(sentence, mix) {
   return { coef, shift: -coef.reduce((acc, c, j) => acc + c * stats[j].mean, 0) };
 }
 
-// tokens: [{sentence, t}]. For each query and each token, the L x L dot products of their layers; each token's own
-// L x L, and each token's layer sums.
-export function layerGram(queries, tokens) {
-  const L = tokens[0].sentence.numLayers;
-  const vec = (x, j) => x.sentence.vector(j, x.t);
-  const sums = (x) => Float64Array.from({ length: L }, (_, j) => vec(x, j).reduce((a, b) => a + b, 0));
-  const own = (x) => Float64Array.from({ length: L * L }, (_, jk) => dot(vec(x, Math.floor(jk / L)), vec(x, jk % L)));
-  const pairs = queries.map((q) =>
-    tokens.map((x) => {
-      const g = new Float64Array(L * L);
-      for (let j = 0; j < L; j++) for (let k = 0; k < L; k++) g[j * L + k] = dot(vec(q, j), vec(x, k));
-      return g;
-    }),
-  );
-  return { L, pairs, tokenSums: tokens.map(sums), tokenOwn: tokens.map(own), querySums: queries.map(sums), queryOwn: queries.map(own) };
+// The L x L dot products <h_j(q), h_k(x)> of two tokens' layers into out[at ..], row j, column k: one pass over
+// the dims for all of them (L = 3: each number read once for 9 products, in 9 sums V8 keeps in registers; nine
+// separate dot products read each 3 times and were most of an Embed's time on the page at dim 1024).
+// A token: its sentence's layers (num_layers, n, dim) array `a`, its layer 0 vector's offset `o`, and the stride
+// between its layers `st` (n * dim).
+function gramOf(qa, qo, qst, xa, xo, xst, dim, L, out, at) {
+  if (L !== 3) {
+    for (let j = 0; j < L; j++) {
+      for (let k = 0; k < L; k++) {
+        let sum = 0;
+        for (let i = 0, q = qo + j * qst, x = xo + k * xst; i < dim; i++) sum += qa[q + i] * xa[x + i];
+        out[at + j * L + k] = sum;
+      }
+    }
+    return;
+  }
+  const q1 = qo + qst;
+  const q2 = qo + 2 * qst;
+  const x1 = xo + xst;
+  const x2 = xo + 2 * xst;
+  let s00 = 0;
+  let s01 = 0;
+  let s02 = 0;
+  let s10 = 0;
+  let s11 = 0;
+  let s12 = 0;
+  let s20 = 0;
+  let s21 = 0;
+  let s22 = 0;
+  for (let i = 0; i < dim; i++) {
+    const a0 = qa[qo + i];
+    const a1 = qa[q1 + i];
+    const a2 = qa[q2 + i];
+    const b0 = xa[xo + i];
+    const b1 = xa[x1 + i];
+    const b2 = xa[x2 + i];
+    s00 += a0 * b0;
+    s01 += a0 * b1;
+    s02 += a0 * b2;
+    s10 += a1 * b0;
+    s11 += a1 * b1;
+    s12 += a1 * b2;
+    s20 += a2 * b0;
+    s21 += a2 * b1;
+    s22 += a2 * b2;
+  }
+  out[at] = s00;
+  out[at + 1] = s01;
+  out[at + 2] = s02;
+  out[at + 3] = s10;
+  out[at + 4] = s11;
+  out[at + 5] = s12;
+  out[at + 6] = s20;
+  out[at + 7] = s21;
+  out[at + 8] = s22;
 }
 
-function mixDot(g, cx, cy, sx, sy, L, dim) {
+// tokens: [{sentence, t}]; queries: the places among them of the tokens asked about (the word's occurrences).
+// Flat Float64Arrays, LL = L * L numbers per entry: `pairs` (queries x tokens) the L x L dot products of a query
+// and a token, `own` each token's with itself, `sums` (tokens x L) the sum of each of its layers' entries.
+export function layerGram(queries, tokens) {
+  const { numLayers: L, dim } = tokens[0].sentence;
+  const LL = L * L;
+  const at = (x) => [x.sentence.layers, x.t * dim, x.sentence.n * dim];
+  const own = new Float64Array(tokens.length * LL);
+  const sums = new Float64Array(tokens.length * L);
+  tokens.forEach((x, i) => {
+    const [a, o, st] = at(x);
+    gramOf(a, o, st, a, o, st, dim, L, own, i * LL);
+    for (let j = 0; j < L; j++) {
+      let sum = 0;
+      for (let d = o + j * st, e = d + dim; d < e; d++) sum += a[d];
+      sums[i * L + j] = sum;
+    }
+  });
+  // token by token on the outside: its L vectors stay in the cache while every query (40 x 3 x 4 KB at dim 1024)
+  // passes by them
+  const Q = queries.length;
+  const pairs = new Float64Array(Q * tokens.length * LL);
+  const qs = queries.map((p) => at(tokens[p]));
+  tokens.forEach((x, i) => {
+    const [a, o, st] = at(x);
+    for (let q = 0; q < Q; q++) gramOf(qs[q][0], qs[q][1], qs[q][2], a, o, st, dim, L, pairs, (q * tokens.length + i) * LL);
+  });
+  return { L, dim, queries, tokens: tokens.length, pairs, own, sums };
+}
+
+// <m_x, m_y> of two tokens' mixes from their layers' dot products g[at ..] (above), c and b of their sentences,
+// and their layer sums sx[ax ..], sy[ay ..].
+function mixDot(g, at, cx, cy, sx, ax, sy, ay, L, dim) {
   let s = 0;
   for (let j = 0; j < L; j++) {
     let inner = 0;
-    for (let k = 0; k < L; k++) inner += g[j * L + k] * cy.coef[k];
+    for (let k = 0; k < L; k++) inner += g[at + j * L + k] * cy.coef[k];
     s += cx.coef[j] * inner;
   }
-  let ax = 0;
-  let ay = 0;
+  let px = 0;
+  let py = 0;
   for (let j = 0; j < L; j++) {
-    ax += cx.coef[j] * sx[j];
-    ay += cy.coef[j] * sy[j];
+    px += cx.coef[j] * sx[ax + j];
+    py += cy.coef[j] * sy[ay + j];
   }
-  return s + cy.shift * ax + cx.shift * ay + dim * cx.shift * cy.shift;
+  return s + cy.shift * px + cx.shift * py + dim * cx.shift * cy.shift;
 }
 
-// The cosines of the queries' mixes with every token's mix: queries x tokens. coefOf(x): the mixCoefficients of
-// x's sentence.
-// Also the queries' mixed vectors' norms.
-export function mixCosines(gram, queries, tokens, coefOf, dim) {
-  const { L } = gram;
-  const tokenCoef = tokens.map(coefOf);
-  const tokenNorm = tokens.map((x, i) => Math.sqrt(Math.max(0, mixDot(gram.tokenOwn[i], tokenCoef[i], tokenCoef[i], gram.tokenSums[i], gram.tokenSums[i], L, dim))));
-  const queryNorms = [];
-  const rows = queries.map((q, a) => {
-    const cq = coefOf(q);
-    const nq = Math.sqrt(Math.max(0, mixDot(gram.queryOwn[a], cq, cq, gram.querySums[a], gram.querySums[a], L, dim)));
-    queryNorms.push(nq);
-    return Float64Array.from(tokens, (x, i) => {
-      const d = nq * tokenNorm[i];
-      return d > 0 ? mixDot(gram.pairs[a][i], cq, tokenCoef[i], gram.querySums[a], gram.tokenSums[i], L, dim) / d : 0;
-    });
+// The cosines of the queries' mixes with every token's mix: queries x tokens; and the queries' mixed vectors'
+// norms. coefs[i]: the mixCoefficients of token i's sentence.
+export function mixCosines(gram, coefs) {
+  const { L, dim, queries, tokens, pairs, own, sums } = gram;
+  const LL = L * L;
+  const norms = new Float64Array(tokens);
+  for (let i = 0; i < tokens; i++) norms[i] = Math.sqrt(Math.max(0, mixDot(own, i * LL, coefs[i], coefs[i], sums, i * L, sums, i * L, L, dim)));
+  const rows = queries.map((p, q) => {
+    const row = new Float64Array(tokens);
+    for (let i = 0; i < tokens; i++) {
+      const d = norms[p] * norms[i];
+      row[i] = d > 0 ? mixDot(pairs, (q * tokens + i) * LL, coefs[p], coefs[i], sums, p * L, sums, i * L, L, dim) / d : 0;
+    }
+    return row;
   });
-  return { rows, queryNorms };
+  return { rows, queryNorms: queries.map((p) => norms[p]) };
 }
 
 // One layer's cosines, queries x tokens, from the same dot products (the diagonal blocks).
 export function layerCosines(gram, layer) {
-  const jj = layer * gram.L + layer;
-  const tokenNorm = gram.tokenOwn.map((g) => Math.sqrt(g[jj]));
-  return gram.pairs.map((row, a) => {
-    const nq = Math.sqrt(gram.queryOwn[a][jj]);
-    return Float64Array.from(row, (g, i) => (nq * tokenNorm[i] > 0 ? g[jj] / (nq * tokenNorm[i]) : 0));
+  const { L, queries, tokens, pairs, own } = gram;
+  const LL = L * L;
+  const jj = layer * L + layer;
+  const norms = Float64Array.from({ length: tokens }, (_, i) => Math.sqrt(own[i * LL + jj]));
+  return queries.map((p, q) => {
+    const row = new Float64Array(tokens);
+    for (let i = 0; i < tokens; i++) {
+      const d = norms[p] * norms[i];
+      row[i] = d > 0 ? pairs[(q * tokens + i) * LL + jj] / d : 0;
+    }
+    return row;
   });
 }
 
