@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
+from service.api.paths import app_path
 from service.api.static import Answer, _Route, _send
 
 PAGE = "/explore"
@@ -41,8 +42,7 @@ class ExplorePage:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        path, root = scope["path"], scope.get("root_path", "")
-        answer = self.files.get(path[len(root) :] if root and path.startswith(root) else path)
+        answer = self.files.get(app_path(scope))
         if answer is None:
             return await self.app(scope, receive, send)
         scope["route"] = _Route(PAGE)  # one route in the request metrics for the page and its files
