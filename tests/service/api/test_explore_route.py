@@ -54,3 +54,10 @@ def test_the_api_still_needs_its_key_and_other_paths_pass_on(client):
 def test_elmo_explore_false_turns_the_route_off():
     off = TestClient(create_app(Settings(explore=False)))
     assert [off.get(path).status_code for path in FILES] == [404] * len(FILES)
+
+
+def test_the_page_is_served_below_a_root_path():
+    behind = TestClient(create_app(Settings()), root_path="/elmo")  # the scope a prefixing proxy or mount gives
+    want = (resources.files("service.api.explore") / "index.html").read_bytes()
+    answer = behind.get("/explore")  # the client asks for /elmo/explore
+    assert answer.status_code == 200 and answer.content == want
