@@ -134,6 +134,11 @@ class PackedInFlight:
         the batcher's token budget bounds them first. Fewer waiting than a call can take would leave rows empty."""
         return max(0, self.engine.max_rows * self.window // 3 - len(self.packed.waiting))
 
+    def overlap(self, intake: Callable[[], object]) -> None:
+        """Build each call's feeds while the call before it runs (packing.PackedRows' prefetch): `intake` is called
+        on the preparing thread first, to admit the sentences that wait then, so that they join the next call."""
+        self.packed.prefetch, self.packed.intake = True, intake
+
     def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
         """Let sentences join (at most `room`): they start with the next calls."""
         if len(sentences) > self.room:
