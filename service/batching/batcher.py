@@ -343,11 +343,11 @@ class Batcher:
         if not finished:
             return 0
         # each sentence's layers are put together where they are used (`result()`), not on this thread
-        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row) for row in finished])
         completed = 0
         for entry, _ in (row.tag for row in finished):
             entry.unfinished -= 1
             completed += entry.unfinished == 0
+        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row) for row in finished])  # (clears the tags)
         return completed
 
     def _window_length(self) -> int:
@@ -404,6 +404,11 @@ class Batcher:
     @staticmethod
     def _deliver(results: list[tuple[_Entry, int, Layers]]) -> None:
         for entry, i, array in results:
+            if hasattr(array, "tag"):
+                # a sentence in flight routed by its tag: the request's result holds the sentence and the sentence
+                # held the request, a cycle only the garbage collector frees, so the views of a call's pooled output
+                # block outlived the answer and the pool made fresh blocks (first-touch writes: slow copies)
+                array.tag = None
             if entry.future.done():
                 continue
             entry.results[i] = array
