@@ -27,6 +27,7 @@ import argparse
 import cProfile
 import ctypes
 import json
+import os
 import pstats
 import tempfile
 import time
@@ -43,6 +44,7 @@ from service.engine.packing import PackedRows
 from service.engine.session import SPLIT_OUTPUTS, Engine, _WindowCalls
 from service.engine.token_cache import TokenCache
 from service.manifest import Graph, ModelInfo
+from service.settings import PROVIDER_BATCH_TOKENS
 from service.text.token_ids import BilmTfMapping
 
 WINDOW = 32
@@ -93,6 +95,9 @@ class NullSession:
     def __init__(self, info: ModelInfo, cell_dim: int, outputs: tuple[str, ...] = SPLIT_OUTPUTS):
         self.info, self.cell_dim, self.output_names = info, cell_dim, outputs
         self._zeros: dict[tuple, np.ndarray] = {}
+        self.device_s = 0.0  # each call then waits this long, the interpreter lock let go, as for a GPU's call
+        self.ends: list[float] = []  # when each call returned
+        self.copies: list[float] = []  # each call's seconds writing its outputs (a GPU's copy from the device)
 
     def io_binding(self) -> _Binding:
         return _Binding(self)
@@ -109,6 +114,7 @@ class NullSession:
         shapes = {"layers": (layers, 2, positions, proj), "lstm_layers": (layers - 1, 2, positions, proj),
                   "token_layer": (positions, proj), "token_vectors": (tokens, proj)}  # fmt: skip
         binding.values = []
+        start = time.perf_counter()
         for name in binding.outputs:
             kind = name.removesuffix("_next")
             shape = shapes.get(name) or (2, rows, proj if kind.startswith("h") else self.cell_dim)
@@ -118,6 +124,10 @@ class NullSession:
             if name in binding.bound:  # the copy from the device into the host memory bound
                 ctypes.memmove(binding.bound[name].data_ptr(), device.ctypes.data, device.nbytes)
             binding.values.append(_Value(device))
+        self.copies.append(time.perf_counter() - start)
+        if self.device_s:
+            time.sleep(self.device_s)
+        self.ends.append(time.perf_counter())
 
 
 def null_engine(options: Path = FULL_OPTIONS, max_rows: int = 1024, token_cache: int = 50_000) -> Engine:
@@ -187,6 +197,61 @@ def engine_host(rows: int, calls: int, sentences: list[list[str]]) -> dict:
         "serial_share_of_gpu": serial_ms / gpu_ms if gpu_ms else None,
         "output_blocks_made": engine._window.pool.allocated,
         "heaviest": [{"function": name, "seconds_in_5_calls": round(s, 4)} for s, name in heaviest],
+    }
+
+
+def batcher_host(rows: int, calls: int, sentences: list[list[str]], overlap: bool) -> dict:
+    """The service's batcher on a null engine whose every call waits the yardstick's GPU time of a full call of
+    `rows` rows (the interpreter lock let go, as ONNX Runtime does), fed by clients that keep more queued than a call
+    takes: per call, the wall time between calls less that GPU time is the host's work still serial with the GPU
+    (everything, without `overlap`; with it, what the preparing thread does not take off the engine thread). The
+    clients' event loop is the service's: it shares the interpreter with both threads, as in the server."""
+    import asyncio
+    import itertools
+
+    from service.batching.batcher import Batcher
+    from service.batching.in_flight import in_flight
+
+    engine = null_engine(max_rows=rows)
+    gpu_s = rows * WINDOW * 25 / 27 / YARDSTICK_TOKENS_PER_S[rows]  # a full call's real tokens at the yardstick
+    engine.session.device_s = gpu_s
+    per_request, budget = 16, PROVIDER_BATCH_TOKENS["CUDAExecutionProvider"]
+    request_tokens = sum(len(s) + 2 for s in sentences) * per_request / len(sentences)
+    clients = int((budget + 2 * rows * WINDOW) / request_tokens) + 1  # the budget and two calls' worth queued
+    warm = 4
+
+    async def main() -> Batcher:
+        batcher = Batcher(engine.run, in_flight(engine, WINDOW), budget, 0.0, 1 << 40, overlap=overlap)
+        batcher.start()
+        fed = itertools.count()
+
+        async def client() -> None:
+            while len(engine.session.ends) < warm + calls:
+                await batcher.embed([sentences[next(fed) % len(sentences)] for _ in range(per_request)])
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        await batcher.stop()
+        return batcher
+
+    batcher = asyncio.run(main())
+    ends = engine.session.ends[warm : warm + calls + 1]
+    between = np.diff(ends)
+    copy_s = float(np.median(engine.session.copies[warm + 1 : warm + calls + 1]))
+    packed = batcher._in_flight.packed
+    return {
+        "rows": rows,
+        "overlap": overlap,
+        "clients": clients,
+        "gpu_ms_per_call": 1e3 * gpu_s,
+        "ms_between_calls": 1e3 * float(np.median(between)),
+        "serial_ms_per_call": 1e3 * (float(np.median(between)) - gpu_s),
+        "serial_ms_mean": 1e3 * (float(np.mean(between)) - gpu_s),
+        "serial_share_of_gpu": (float(np.median(between)) - gpu_s) / gpu_s,
+        "copy_ms_per_call": 1e3 * copy_s,  # in the serial part: the outputs' copy, a DMA from a GPU
+        "serial_ms_less_copy": 1e3 * (float(np.median(between)) - gpu_s - copy_s),
+        "replanned_calls": packed.replanned,
+        "output_blocks_made": engine._window.pool.allocated,  # fresh blocks are first-touch writes: slow copies
+        "padding_efficiency": packed.efficiency,
     }
 
 
@@ -261,30 +326,42 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--batches", default="1,32,256,1024", help="engine.run's batch sizes (padding efficiency)")
     parser.add_argument("--bulk-sentences", type=int, default=6000)
+    parser.add_argument("--batcher-calls", type=int, default=20, help="the service batcher's calls, each mode")
+    parser.add_argument("--only", default="engine,batcher,efficiency,bulk", help="which parts to run")
     parser.add_argument("--out-dir", type=Path, help="where elmo-embed writes (default: /dev/shm, else /tmp)")
     parser.add_argument("--out", type=Path, default=BUILD / "host")
     args = parser.parse_args(argv)
     sentences = fixture_sentences()
-    report = {"cpu": host_cpu(), "flags": cpu_flags(), "onnxruntime": ort.__version__, "engine": [], "bulk": None}
+    only = set(args.only.split(","))
+    report = {"cpu": host_cpu(), "flags": cpu_flags(), "load": os.getloadavg(), "onnxruntime": ort.__version__,
+              "engine": [], "batcher": [], "run_efficiency": {}, "bulk": []}  # fmt: skip
     for rows in (int(r) for r in args.rows.split(",")):
-        report["engine"].append(engine_host(rows, args.calls, sentences))
-    report["run_efficiency"] = run_efficiency([int(b) for b in args.batches.split(",")], sentences)
+        if "engine" in only:
+            report["engine"].append(engine_host(rows, args.calls, sentences))
+        if "batcher" in only:  # back to back: the batcher in series, then overlapped
+            for overlap in (False, True):
+                report["batcher"].append(batcher_host(rows, args.batcher_calls, sentences, overlap))
+    if "efficiency" in only:
+        report["run_efficiency"] = run_efficiency([int(b) for b in args.batches.split(",")], sentences)
     # the embedded default model's shape (output dim 256), and the full size (1024: 12 KB of output per token, which
     # a machine's memory or disk may not take at this rate: the bytes written per second are printed beside it),
     # in float32 and float16
     shapes = [(ROOT / "models" / "default" / "options.json", "float32"), (FULL_OPTIONS, "float32"),
               (FULL_OPTIONS, "float16")]  # fmt: skip
-    report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, o, d) for o, d in shapes]
+    if "bulk" in only:
+        report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, o, d) for o, d in shapes]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host.json").write_text(json.dumps(report, indent=2) + "\n")
     _print(report)
 
 
 def _print(report: dict) -> None:
-    print(f"host work around the GPU, null session; {report['cpu']}; {report['flags']}; full-size shape")
-    print("| rows | host ms per call (p90) | serial ms after overlap | bytes allocated per call | positions per call "
-          "| padding efficiency | GPU ms at the yardstick | share (serial) | goal |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    load = ", ".join(f"{x:.1f}" for x in report["load"])
+    print(f"host work around the GPU, null session; {report['cpu']}; {report['flags']}; load {load}; full-size shape")
+    if report["engine"]:
+        print("| rows | host ms per call (p90) | serial ms after overlap | bytes allocated per call | positions per "
+              "call | padding efficiency | GPU ms at the yardstick | share (serial) | goal |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
     for e in report["engine"]:
         gpu = f"{e['yardstick_gpu_ms_per_call']:.1f}" if e["yardstick_gpu_ms_per_call"] else "n/a"
         share = f"{e['host_share_of_gpu']:.3f} ({e['serial_share_of_gpu']:.3f})" if e["host_share_of_gpu"] else "n/a"
@@ -298,8 +375,22 @@ def _print(report: dict) -> None:
             f"  {e['rows']} rows, heaviest: "
             + ", ".join(f"{h['function']} {h['seconds_in_5_calls']}s" for h in e["heaviest"])
         )
-    efficiencies = ", ".join(f"{n} sentences {eff:.3f}" for n, eff in report["run_efficiency"].items())
-    print(f"engine.run padding efficiency (fixture sentences): {efficiencies}; goal >= 0.85 from 32")
+    if report["batcher"]:
+        print("the service's batcher, clients keeping the queue fuller than the budget; each call waits the "
+              "yardstick's GPU time, the interpreter lock let go")  # fmt: skip
+        print("| rows | overlap | GPU ms per call | ms between calls | serial host ms per call (mean) | share of GPU | "
+              "of which the output copy | serial less the copy | calls planned again |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
+    for b in report["batcher"]:
+        print(
+            f"| {b['rows']} | {'on' if b['overlap'] else 'off'} | {b['gpu_ms_per_call']:.1f} | "
+            f"{b['ms_between_calls']:.1f} | {b['serial_ms_per_call']:.1f} ({b['serial_ms_mean']:.1f}) | "
+            f"{b['serial_share_of_gpu']:.3f} | {b['copy_ms_per_call']:.1f} | {b['serial_ms_less_copy']:.1f} | "
+            f"{b['replanned_calls']} |"
+        )
+    if report["run_efficiency"]:
+        efficiencies = ", ".join(f"{n} sentences {eff:.3f}" for n, eff in report["run_efficiency"].items())
+        print(f"engine.run padding efficiency (fixture sentences): {efficiencies}; goal >= 0.85 from 32")
     for b in report["bulk"]:
         print(
             f"elmo-embed with a null engine, {b['shape']} (output dim {b['output_dim']}, {b['dtype']}): "
