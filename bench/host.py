@@ -282,8 +282,9 @@ def run_efficiency(batches: list[int], sentences: list[list[str]]) -> dict[int, 
 
 
 def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, options: Path,
-                 dtype: str = "float32") -> dict:  # fmt: skip
-    """elmo-embed's embed_file with a null engine of `options`' shape, writing datasets of `dtype`."""
+                 dtype: str = "float32", writer: str = "process") -> dict:  # fmt: skip
+    """elmo-embed's embed_file with a null engine of `options`' shape, writing datasets of `dtype` from the
+    `writer` ("process": a process of its own, fed through shared memory; "thread": a thread of this process)."""
     from service.bulk import embed_file
 
     folder = Path(tempfile.mkdtemp(dir=out_dir or _tmpfs()))
@@ -291,10 +292,12 @@ def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, o
     text.write_text("".join(" ".join(sentences[i % len(sentences)]) + "\n" for i in range(count)))
     engine = null_engine(options)
     start = time.perf_counter()
-    stats = embed_file(engine, text, folder / "out.hdf5", batch_tokens=65536, progress=False, dtype=dtype)
+    stats = embed_file(engine, text, folder / "out.hdf5", batch_tokens=65536, progress=False, dtype=dtype,
+                       writer=writer)  # fmt: skip
     seconds = time.perf_counter() - start
     size = (folder / "out.hdf5").stat().st_size
     raw = _raw_write_seconds(folder / "raw.bin", size)
+    one_dataset = _hdf5_write_seconds(folder / "one.hdf5", size)
     for path in folder.iterdir():
         path.unlink()
     folder.rmdir()
@@ -302,6 +305,7 @@ def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, o
             "output_dim": engine.dim, "sentences": stats["sentences"], "tokens": stats["tokens"], "seconds": seconds,
             "tokens_per_s": stats["tokens"] / seconds, "output_bytes": size, "bytes_per_s": size / seconds,
             "raw_write_bytes_per_s": size / raw, "write_bound_tokens_per_s": stats["tokens"] / raw,
+            "hdf5_one_dataset_bytes_per_s": size / one_dataset, "writer": writer,
             "folder": str(folder.parent)}  # fmt: skip
 
 
@@ -312,6 +316,17 @@ def _raw_write_seconds(path: Path, size: int) -> float:
     start = time.perf_counter()
     with path.open("wb") as f:
         f.write(memoryview(data))
+    return time.perf_counter() - start
+
+
+def _hdf5_write_seconds(path: Path, size: int) -> float:
+    """The same bytes as one float32 dataset through h5py (what hdf5 itself costs, without a dataset per sentence)."""
+    import h5py
+
+    data = np.ones(size // 4, dtype=np.float32)
+    start = time.perf_counter()
+    with h5py.File(path, "w") as f:
+        f.create_dataset("all", data=data)
     return time.perf_counter() - start
 
 
@@ -328,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bulk-sentences", type=int, default=6000)
     parser.add_argument("--batcher-calls", type=int, default=20, help="the service batcher's calls, each mode")
     parser.add_argument("--only", default="engine,batcher,efficiency,bulk", help="which parts to run")
+    parser.add_argument("--writers", default="thread,process", help="elmo-embed's hdf5 writers to measure")
+    parser.add_argument("--shapes", default="default,full,full16", help="elmo-embed's shapes: default, full, full16")
     parser.add_argument("--out-dir", type=Path, help="where elmo-embed writes (default: /dev/shm, else /tmp)")
     parser.add_argument("--out", type=Path, default=BUILD / "host")
     args = parser.parse_args(argv)
@@ -346,10 +363,12 @@ def main(argv: list[str] | None = None) -> None:
     # the embedded default model's shape (output dim 256), and the full size (1024: 12 KB of output per token, which
     # a machine's memory or disk may not take at this rate: the bytes written per second are printed beside it),
     # in float32 and float16
-    shapes = [(ROOT / "models" / "default" / "options.json", "float32"), (FULL_OPTIONS, "float32"),
-              (FULL_OPTIONS, "float16")]  # fmt: skip
-    if "bulk" in only:
-        report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, o, d) for o, d in shapes]
+    shapes = {"default": (ROOT / "models" / "default" / "options.json", "float32"), "full": (FULL_OPTIONS, "float32"),
+              "full16": (FULL_OPTIONS, "float16")}  # fmt: skip
+    shapes = [shapes[name] for name in args.shapes.split(",")]
+    if "bulk" in only:  # the thread writer (before) and the writer process (after), back to back
+        report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, o, d, w) for o, d in shapes
+                          for w in args.writers.split(",")]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host.json").write_text(json.dumps(report, indent=2) + "\n")
     _print(report)
@@ -393,15 +412,17 @@ def _print(report: dict) -> None:
         print(f"engine.run padding efficiency (fixture sentences): {efficiencies}; goal >= 0.85 from 32")
     for b in report["bulk"]:
         print(
-            f"elmo-embed with a null engine, {b['shape']} (output dim {b['output_dim']}, {b['dtype']}): "
+            f"elmo-embed with a null engine, {b['writer']} writer, {b['shape']} (output dim {b['output_dim']}, "
+            f"{b['dtype']}): "
             f"{b['tokens_per_s']:,.0f} tokens/s ({b['sentences']} sentences, {b['tokens']} tokens, "
             f"{b['seconds']:.2f} s; {b['output_bytes'] / 1e6:.0f} MB, {b['bytes_per_s'] / 1e9:.2f} GB/s of hdf5 into "
             f"{b['folder']}); goal >= {BULK_GOAL:,}"
         )
         print(
             f"  the machine's bound there: one plain write of the same {b['output_bytes'] / 1e6:.0f} MB at "
-            f"{b['raw_write_bytes_per_s'] / 1e9:.2f} GB/s, {b['write_bound_tokens_per_s']:,.0f} tokens/s; the "
-            f"pipeline reaches {b['tokens_per_s'] / b['write_bound_tokens_per_s']:.2f} of it"
+            f"{b['raw_write_bytes_per_s'] / 1e9:.2f} GB/s, {b['write_bound_tokens_per_s']:,.0f} tokens/s (as one hdf5 "
+            f"dataset: {b['hdf5_one_dataset_bytes_per_s'] / 1e9:.2f} GB/s); the pipeline reaches "
+            f"{b['tokens_per_s'] / b['write_bound_tokens_per_s']:.2f} of it"
         )
 
 

@@ -53,14 +53,16 @@ class Sentence:
     def finished(self) -> bool:
         return self.done == len(self.keys)
 
-    def result(self, dtype=np.float32) -> np.ndarray:
+    def result(self, dtype=np.float32, out: np.ndarray | None = None) -> np.ndarray:
         """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it: the forward half at the
         positions read, the backward half at the positions the sentence reversed read; layer 0 (the token vector,
         the same in both halves) written twice from the one copy the graph returns. `dtype` float16 halves the
-        bytes of those who ask for it (the numbers rounded once, here)."""
+        bytes of those who ask for it (the numbers rounded once, here). `out`, if given, is written instead of a new
+        array (elmo-embed's shared-memory blocks: the one copy)."""
         first_lstm = self.pieces[0][3]
         half, length = first_lstm.shape[-1], len(self.keys)
-        out = np.empty((first_lstm.shape[0] + 1, length - 2, 2 * half), dtype)  # position p at p - 1
+        if out is None:
+            out = np.empty((first_lstm.shape[0] + 1, length - 2, 2 * half), dtype)  # position p at p - 1
         for first, n, token_layer, lstm, q in self.pieces:  # lstm: (L, 2, N, P) of the call
             # forward: positions first .. first+n-1; backward: the sentence reversed read them, so it computed
             # positions end-n .. end-1 (end = length - first), last first
