@@ -599,11 +599,15 @@ def _dataset_writer(out: h5py.File):
     """write(name, array): one float32 (or float16) dataset, through h5py's low-level calls (the high-level
     create_dataset spends several times longer per dataset in Python, and a file holds one dataset per line)."""
     spaces: dict[tuple, h5py.h5s.SpaceID] = {}
+    # no modification times in the object headers, as h5py's create_dataset (allennlp's) writes them: the same
+    # input gives the same file, byte for byte
+    plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    plist.set_obj_track_times(False)
 
     def write(name: str, array: np.ndarray) -> None:  # a contiguous float32 or float16 array (`_assemble`)
         space = spaces.get(array.shape) or spaces.setdefault(array.shape, h5py.h5s.create_simple(array.shape))
         kind = h5py.h5t.IEEE_F16LE if array.dtype == np.float16 else h5py.h5t.IEEE_F32LE
-        dataset = h5py.h5d.create(out.id, name.encode(), kind, space)
+        dataset = h5py.h5d.create(out.id, name.encode(), kind, space, dcpl=plist)
         dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
 
     return write
