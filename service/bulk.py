@@ -550,7 +550,8 @@ class _WriterProcess:
             self.free.append(message[1])
         elif message[0] == "error":
             _, err, trace = message
-            err.add_note(f"raised in the hdf5 writer process:\n{trace}")
+            if hasattr(err, "add_note"):  # Python 3.11 on (on 3.10 the process's traceback is not shown)
+                err.add_note(f"raised in the hdf5 writer process:\n{trace}")
             raise err
         return message
 

@@ -293,8 +293,9 @@ class PackedRows:
             # the call's sentences are handed back by `clear` (with those prepared after it and those waiting),
             # none lost and none answered: the caller runs them again or fails them
             self.failed = rows
-            err.add_note(f"a window call of {sum(map(len, rows))} sentence segments failed; its sentences and "
-                         "those after it are handed back by clear()")  # fmt: skip
+            if hasattr(err, "add_note"):  # Python 3.11 on
+                err.add_note(f"a window call of {sum(map(len, rows))} sentence segments failed; its sentences and "
+                             "those after it are handed back by clear()")  # fmt: skip
             raise
         finally:
             if worker is not None:

@@ -5,6 +5,7 @@ process fails elmo-embed with that error, and a process that dies is named, with
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -106,8 +107,9 @@ def test_an_error_in_the_writer_process_fails_elmo_embed_with_it(engine, window_
     with pytest.raises(OSError, match="No space left on device") as raised:
         embed_file(engine if graph == "loop" else window_engine, source, tmp_path / "out.hdf5", batch_tokens=200,
                    progress=False, writer="process")  # fmt: skip
-    assert "raised in the hdf5 writer process" in raised.value.__notes__[0]
-    assert "FailingWrites" in raised.value.__notes__[0] or "failing" in raised.value.__notes__[0]  # its traceback
+    if sys.version_info >= (3, 11):  # notes from 3.11 on: the process's traceback
+        assert "raised in the hdf5 writer process" in raised.value.__notes__[0]
+        assert "in failing" in raised.value.__notes__[0]  # the function that raised, in the process
     assert time.perf_counter() - start < 20  # no hang
     assert not list(tmp_path.glob("out.hdf5*")) and threading.active_count() == threads
 

@@ -5,6 +5,7 @@ positions computed are mostly the sentences' own."""
 from __future__ import annotations
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -197,7 +198,7 @@ def test_a_failed_call_with_prefetch_hands_back_every_sentence_it_did_not_finish
     with pytest.raises(RuntimeError, match=f"{where} {fail_at} failed") as raised:
         while packed.busy:
             got.update((s.tag, s.result()) for s in packed.step())
-    if where == "run":
+    if where == "run" and sys.version_info >= (3, 11):  # notes from 3.11 on
         assert "handed back by clear()" in raised.value.__notes__[0]
     back = sorted(s.tag for s in packed.clear())
     assert not packed.busy and back and not set(back) & set(got)
