@@ -2,7 +2,8 @@
 stand-in that returns arrays of the right shapes at once, so everything else is timed):
 
     python -m bench.host [--rows 256,1024] [--calls 40] [--batches 1,32,256,1024] [--bulk-sentences 6000]
-                         [--out build/bench/host]
+                         [--batcher-calls 20] [--writers thread,process] [--shapes default,full,full16]
+                         [--only engine,batcher,efficiency,bulk] [--out build/bench/host]
 
 1. the engine's own work per window-graph call (packing the rows, the token inputs, binding, the copy of the
    outputs into the host's pooled memory, which the null session writes as a device's copy would), at the
@@ -12,11 +13,16 @@ stand-in that returns arrays of the right shapes at once, so everything else is 
    (bench/gpu.py measures that speed: 143,545 tokens/s at 256 rows, 154,691 at 1024, the same math as one CUDA
    graph, docs/gpu.md), whose 10% is the goal; the bytes newly allocated per call in steady state (tracemalloc);
    and engine.run's padding efficiency on finite batches (`--batches`);
-2. elmo-embed's pipeline with a null engine: reading, planning, packing, placing and writing hdf5, on the fixture
+2. the service's batcher on the same null engine, each call waiting the yardstick's GPU time (the interpreter lock
+   let go, as ONNX Runtime does), clients keeping the queue over the budget: the host's time per call still serial
+   with the GPU, the output copy apart, with the overlap (the next call taken and its feeds built during a call)
+   off and on, back to back;
+3. elmo-embed's pipeline with a null engine: reading, planning, packing, placing and writing hdf5, on the fixture
    sentences repeated, into a folder on tmpfs where there is one (`--out-dir`): its tokens/s is the ceiling any
    engine can reach through it (goal: >= 300,000), printed beside the machine's own bound: one plain write of the
-   same bytes into the same folder (a VM's tmpfs may take fresh pages at a few hundred MB/s); at the full size in
-   float32 and float16 (`--dtype float16`: half the bytes).
+   same bytes into the same folder (a VM's tmpfs may take fresh pages at a few hundred MB/s), and the same bytes as
+   one hdf5 dataset; at the full size in float32 and float16 (`--dtype float16`: half the bytes); with the writer
+   thread and the writer process (`--writers`), back to back.
 
 Prints a table with the CPU's model and flags, and writes OUT/host.json.
 """
