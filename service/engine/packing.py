@@ -149,6 +149,11 @@ class PackedRows:
         """Take the sentences for which `unwanted` holds out of flight (their client has gone); a row whose
         sentence leaves is refilled or dropped at the next call."""
         gone = [s for s in self.in_flight if unwanted(s)]
+        if self.ahead is not None and any(unwanted(s) for row in self.ahead[0] for s, _, _ in row):
+            # one is in the call prepared ahead (no call runs now): it is planned again without it, before it costs
+            # compute
+            self._unprepare()
+            self.replanned += 1
         self.rows = [None if s is not None and unwanted(s) else s for s in self.rows]
         self.waiting = deque(s for s in self.waiting if not unwanted(s))
         return gone

@@ -17,7 +17,7 @@ import pytest
 from service.batching.batcher import Batcher
 from service.batching.in_flight import in_flight
 from service.engine.session import Engine
-from tests.service.batching.test_batcher import EngineFailure, make_sentences, run, wait_until
+from tests.service.batching.test_batcher import TIMEOUT_S, EngineFailure, make_sentences, run, wait_until
 
 CALL_S = 0.15  # what each call is held after ONNX Runtime's run: the device's time, here slept
 
@@ -31,8 +31,8 @@ class SlowCalls:
     """The real window engine; each call held CALL_S after its run; records (start, end, prepared) per call and
     (start, end, thread, prepared) per feeds built; a call computing a sentence that holds `poison` raises."""
 
-    def __init__(self, engine: Engine, poison: str | None = None):
-        self.engine, self.poison = engine, poison
+    def __init__(self, engine: Engine, poison: str | None = None, seconds: float = CALL_S):
+        self.engine, self.poison, self.seconds = engine, poison, seconds
         self.calls: list[tuple[float, float, object]] = []
         self.built: list[tuple[float, float, str, object]] = []
         self.computed: list[list[list[str]]] = []  # the sentences of each call (the tags are cleared once answered)
@@ -57,7 +57,7 @@ class SlowCalls:
             self.failed = (start, time.perf_counter())
             raise EngineFailure("boom")
         padded = self.engine.run_prepared(prepared)
-        time.sleep(CALL_S)
+        time.sleep(self.seconds)
         self.calls.append((start, time.perf_counter(), prepared))
         self.computed.append(sentences)
         return padded
@@ -179,3 +179,35 @@ def test_an_answered_request_lets_its_calls_output_blocks_go_without_the_garbage
         assert pool.allocated - before <= 2  # 18 calls
     finally:
         gc.enable()
+
+
+def test_a_request_cancelled_while_its_sentence_waits_in_the_prepared_call_is_not_computed(window_engine):
+    # call 2 is prepared beside call 1 with the long sentence's second window and the other request's sentence (the
+    # preparing thread's intake is held until the other is queued); that request is cancelled while call 1 runs:
+    # call 2 is planned again without it, and nothing of it is computed
+    long, other = ["long"] * 70, ["other", "one"]
+    slow = SlowCalls(window_engine, seconds=0.5)
+    queued = threading.Event()
+
+    async def main():
+        batcher = Batcher(retries(window_engine), in_flight(slow, 4), 4096, 0.0, 100_000)
+        packed = batcher._in_flight.packed
+        intake = packed.intake
+        packed.intake = lambda: queued.wait(TIMEOUT_S) and intake()
+        batcher.start()
+        first = asyncio.ensure_future(batcher.embed([long]))
+        await wait_until(lambda: len(slow.built) == 1)  # call 1 built: the long one alone
+        second = asyncio.ensure_future(batcher.embed([other]))
+        await wait_until(lambda: batcher.queued_tokens == 4)
+        queued.set()
+        await wait_until(lambda: len(slow.built) == 2)  # call 2 built beside call 1, with the other one
+        assert not slow.calls and batcher.queued_tokens == 0  # call 1 still runs; the other one was taken
+        second.cancel()
+        got = await first
+        await batcher.stop()
+        return batcher, got, second
+
+    batcher, got, second = run(main)
+    assert second.cancelled() and slow.computed == [[long], [long], [long]]
+    assert batcher._in_flight.packed.replanned == 1
+    assert_alone(window_engine, [long], got)
