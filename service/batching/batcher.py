@@ -242,15 +242,18 @@ class Batcher:
         while True:
             self._in_flight.drop(lambda row: row.tag[0].gone)  # before taking: they free budget
             with self._cond:
-                while not self._queue and not self._in_flight.rows:
+                while not self._queue and not self._in_flight.busy:
                     if self._stopping:
                         return
                     self._cond.wait()
-                if not self._in_flight.rows:
+                # the next call prepared during the last one, and full: a sentence taken now could not join it, so the
+                # preparing thread takes them during that call, off this thread (the window graph's overlap)
+                full = self._in_flight.next_call_full
+                if not self._in_flight.busy:
                     self._wait_for_company()
-                elif not self._stopping:
+                elif not self._stopping and not full:
                     self._wait_for_those_answered()
-                joining = self._take()
+                joining = [] if full else self._take()
             try:
                 self._answered = self._window(joining)
             except Exception as err:  # a bug, not an engine failure: fail what is in flight, keep serving
@@ -294,7 +297,7 @@ class Batcher:
         held = sum(row.length for row in self._in_flight.rows)  # a row's length counts its boundaries, as _tokens
         while self._queue and len(taken) < self._in_flight.room:
             tokens = _tokens(self._queue.next())
-            if held + tokens > self.batch_tokens and (taken or self._in_flight.rows):
+            if held + tokens > self.batch_tokens and (taken or self._in_flight.busy):
                 break
             entry, i = self._queue.pop()
             self._queued_tokens -= tokens
