@@ -131,3 +131,16 @@ def test_a_folder_that_does_not_exist_is_the_writer_process_error(engine, senten
     source.write_text("".join(" ".join(s) + "\n" for s in sentences))
     with pytest.raises(OSError):
         embed_file(engine, source, tmp_path / "no such folder" / "out.hdf5", progress=False, writer="process")
+
+
+def test_the_writer_on_the_command_line(tiny_model_dir, sentences, tmp_path):
+    from tests.service.test_bulk import embed_cli
+
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(s) + "\n" for s in sentences))
+    for writer in ("process", "thread"):
+        run = embed_cli(tiny_model_dir, source, tmp_path / f"{writer}.hdf5", "--writer", writer, "--no-progress")
+        assert run.returncode == 0, run.stderr
+    assert (tmp_path / "process.hdf5").read_bytes() == (tmp_path / "thread.hdf5").read_bytes()
+    refused = embed_cli(tiny_model_dir, source, tmp_path / "x.hdf5", "--writer", "threads")
+    assert refused.returncode != 0 and "--writer" in refused.stderr
