@@ -2,7 +2,8 @@
 stand-in that returns arrays of the right shapes at once, so everything else is timed):
 
     python -m bench.host [--rows 256,1024] [--calls 40] [--batches 1,32,256,1024] [--bulk-sentences 6000]
-                         [--out build/bench/host]
+                         [--batcher-calls 20] [--writers thread,process] [--shapes default,full,full16]
+                         [--only engine,batcher,efficiency,bulk] [--out build/bench/host]
 
 1. the engine's own work per window-graph call (packing the rows, the token inputs, binding, the copy of the
    outputs into the host's pooled memory, which the null session writes as a device's copy would), at the
@@ -12,11 +13,16 @@ stand-in that returns arrays of the right shapes at once, so everything else is 
    (bench/gpu.py measures that speed: 143,545 tokens/s at 256 rows, 154,691 at 1024, the same math as one CUDA
    graph, docs/gpu.md), whose 10% is the goal; the bytes newly allocated per call in steady state (tracemalloc);
    and engine.run's padding efficiency on finite batches (`--batches`);
-2. elmo-embed's pipeline with a null engine: reading, planning, packing, placing and writing hdf5, on the fixture
+2. the service's batcher on the same null engine, each call waiting the yardstick's GPU time (the interpreter lock
+   let go, as ONNX Runtime does), clients keeping the queue over the budget: the host's time per call still serial
+   with the GPU, the output copy apart, with the overlap (the next call taken and its feeds built during a call)
+   off and on, back to back;
+3. elmo-embed's pipeline with a null engine: reading, planning, packing, placing and writing hdf5, on the fixture
    sentences repeated, into a folder on tmpfs where there is one (`--out-dir`): its tokens/s is the ceiling any
    engine can reach through it (goal: >= 300,000), printed beside the machine's own bound: one plain write of the
-   same bytes into the same folder (a VM's tmpfs may take fresh pages at a few hundred MB/s); at the full size in
-   float32 and float16 (`--dtype float16`: half the bytes).
+   same bytes into the same folder (a VM's tmpfs may take fresh pages at a few hundred MB/s), and the same bytes as
+   one hdf5 dataset; at the full size in float32 and float16 (`--dtype float16`: half the bytes); with the writer
+   thread and the writer process (`--writers`), back to back.
 
 Prints a table with the CPU's model and flags, and writes OUT/host.json.
 """
@@ -27,6 +33,7 @@ import argparse
 import cProfile
 import ctypes
 import json
+import os
 import pstats
 import tempfile
 import time
@@ -43,6 +50,7 @@ from service.engine.packing import PackedRows
 from service.engine.session import SPLIT_OUTPUTS, Engine, _WindowCalls
 from service.engine.token_cache import TokenCache
 from service.manifest import Graph, ModelInfo
+from service.settings import PROVIDER_BATCH_TOKENS
 from service.text.token_ids import BilmTfMapping
 
 WINDOW = 32
@@ -93,6 +101,9 @@ class NullSession:
     def __init__(self, info: ModelInfo, cell_dim: int, outputs: tuple[str, ...] = SPLIT_OUTPUTS):
         self.info, self.cell_dim, self.output_names = info, cell_dim, outputs
         self._zeros: dict[tuple, np.ndarray] = {}
+        self.device_s = 0.0  # each call then waits this long, the interpreter lock let go, as for a GPU's call
+        self.ends: list[float] = []  # when each call returned
+        self.copies: list[float] = []  # each call's seconds writing its outputs (a GPU's copy from the device)
 
     def io_binding(self) -> _Binding:
         return _Binding(self)
@@ -109,6 +120,7 @@ class NullSession:
         shapes = {"layers": (layers, 2, positions, proj), "lstm_layers": (layers - 1, 2, positions, proj),
                   "token_layer": (positions, proj), "token_vectors": (tokens, proj)}  # fmt: skip
         binding.values = []
+        start = time.perf_counter()
         for name in binding.outputs:
             kind = name.removesuffix("_next")
             shape = shapes.get(name) or (2, rows, proj if kind.startswith("h") else self.cell_dim)
@@ -118,6 +130,10 @@ class NullSession:
             if name in binding.bound:  # the copy from the device into the host memory bound
                 ctypes.memmove(binding.bound[name].data_ptr(), device.ctypes.data, device.nbytes)
             binding.values.append(_Value(device))
+        self.copies.append(time.perf_counter() - start)
+        if self.device_s:
+            time.sleep(self.device_s)
+        self.ends.append(time.perf_counter())
 
 
 def null_engine(options: Path = FULL_OPTIONS, max_rows: int = 1024, token_cache: int = 50_000) -> Engine:
@@ -190,6 +206,61 @@ def engine_host(rows: int, calls: int, sentences: list[list[str]]) -> dict:
     }
 
 
+def batcher_host(rows: int, calls: int, sentences: list[list[str]], overlap: bool) -> dict:
+    """The service's batcher on a null engine whose every call waits the yardstick's GPU time of a full call of
+    `rows` rows (the interpreter lock let go, as ONNX Runtime does), fed by clients that keep more queued than a call
+    takes: per call, the wall time between calls less that GPU time is the host's work still serial with the GPU
+    (everything, without `overlap`; with it, what the preparing thread does not take off the engine thread). The
+    clients' event loop is the service's: it shares the interpreter with both threads, as in the server."""
+    import asyncio
+    import itertools
+
+    from service.batching.batcher import Batcher
+    from service.batching.in_flight import in_flight
+
+    engine = null_engine(max_rows=rows)
+    gpu_s = rows * WINDOW * 25 / 27 / YARDSTICK_TOKENS_PER_S[rows]  # a full call's real tokens at the yardstick
+    engine.session.device_s = gpu_s
+    per_request, budget = 16, PROVIDER_BATCH_TOKENS["CUDAExecutionProvider"]
+    request_tokens = sum(len(s) + 2 for s in sentences) * per_request / len(sentences)
+    clients = int((budget + 2 * rows * WINDOW) / request_tokens) + 1  # the budget and two calls' worth queued
+    warm = 4
+
+    async def main() -> Batcher:
+        batcher = Batcher(engine.run, in_flight(engine, WINDOW), budget, 0.0, 1 << 40, overlap=overlap)
+        batcher.start()
+        fed = itertools.count()
+
+        async def client() -> None:
+            while len(engine.session.ends) < warm + calls:
+                await batcher.embed([sentences[next(fed) % len(sentences)] for _ in range(per_request)])
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        await batcher.stop()
+        return batcher
+
+    batcher = asyncio.run(main())
+    ends = engine.session.ends[warm : warm + calls + 1]
+    between = np.diff(ends)
+    copy_s = float(np.median(engine.session.copies[warm + 1 : warm + calls + 1]))
+    packed = batcher._in_flight.packed
+    return {
+        "rows": rows,
+        "overlap": overlap,
+        "clients": clients,
+        "gpu_ms_per_call": 1e3 * gpu_s,
+        "ms_between_calls": 1e3 * float(np.median(between)),
+        "serial_ms_per_call": 1e3 * (float(np.median(between)) - gpu_s),
+        "serial_ms_mean": 1e3 * (float(np.mean(between)) - gpu_s),
+        "serial_share_of_gpu": (float(np.median(between)) - gpu_s) / gpu_s,
+        "copy_ms_per_call": 1e3 * copy_s,  # in the serial part: the outputs' copy, a DMA from a GPU
+        "serial_ms_less_copy": 1e3 * (float(np.median(between)) - gpu_s - copy_s),
+        "replanned_calls": packed.replanned,
+        "output_blocks_made": engine._window.pool.allocated,  # fresh blocks are first-touch writes: slow copies
+        "padding_efficiency": packed.efficiency,
+    }
+
+
 def _allocated_per_call(packed: PackedRows, sentences: list[list[str]], calls: int = 4) -> int:
     """Bytes newly allocated at the peak of a call in steady state (tracemalloc, which numpy reports to): the
     median over `calls` calls."""
@@ -217,8 +288,9 @@ def run_efficiency(batches: list[int], sentences: list[list[str]]) -> dict[int, 
 
 
 def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, options: Path,
-                 dtype: str = "float32") -> dict:  # fmt: skip
-    """elmo-embed's embed_file with a null engine of `options`' shape, writing datasets of `dtype`."""
+                 dtype: str = "float32", writer: str = "process") -> dict:  # fmt: skip
+    """elmo-embed's embed_file with a null engine of `options`' shape, writing datasets of `dtype` from the
+    `writer` ("process": a process of its own, fed through shared memory; "thread": a thread of this process)."""
     from service.bulk import embed_file
 
     folder = Path(tempfile.mkdtemp(dir=out_dir or _tmpfs()))
@@ -226,10 +298,12 @@ def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, o
     text.write_text("".join(" ".join(sentences[i % len(sentences)]) + "\n" for i in range(count)))
     engine = null_engine(options)
     start = time.perf_counter()
-    stats = embed_file(engine, text, folder / "out.hdf5", batch_tokens=65536, progress=False, dtype=dtype)
+    stats = embed_file(engine, text, folder / "out.hdf5", batch_tokens=65536, progress=False, dtype=dtype,
+                       writer=writer)  # fmt: skip
     seconds = time.perf_counter() - start
     size = (folder / "out.hdf5").stat().st_size
     raw = _raw_write_seconds(folder / "raw.bin", size)
+    one_dataset = _hdf5_write_seconds(folder / "one.hdf5", size)
     for path in folder.iterdir():
         path.unlink()
     folder.rmdir()
@@ -237,6 +311,7 @@ def bulk_ceiling(sentences: list[list[str]], count: int, out_dir: Path | None, o
             "output_dim": engine.dim, "sentences": stats["sentences"], "tokens": stats["tokens"], "seconds": seconds,
             "tokens_per_s": stats["tokens"] / seconds, "output_bytes": size, "bytes_per_s": size / seconds,
             "raw_write_bytes_per_s": size / raw, "write_bound_tokens_per_s": stats["tokens"] / raw,
+            "hdf5_one_dataset_bytes_per_s": size / one_dataset, "writer": writer,
             "folder": str(folder.parent)}  # fmt: skip
 
 
@@ -247,6 +322,17 @@ def _raw_write_seconds(path: Path, size: int) -> float:
     start = time.perf_counter()
     with path.open("wb") as f:
         f.write(memoryview(data))
+    return time.perf_counter() - start
+
+
+def _hdf5_write_seconds(path: Path, size: int) -> float:
+    """The same bytes as one float32 dataset through h5py (what hdf5 itself costs, without a dataset per sentence)."""
+    import h5py
+
+    data = np.ones(size // 4, dtype=np.float32)
+    start = time.perf_counter()
+    with h5py.File(path, "w") as f:
+        f.create_dataset("all", data=data)
     return time.perf_counter() - start
 
 
@@ -261,30 +347,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--batches", default="1,32,256,1024", help="engine.run's batch sizes (padding efficiency)")
     parser.add_argument("--bulk-sentences", type=int, default=6000)
+    parser.add_argument("--batcher-calls", type=int, default=20, help="the service batcher's calls, each mode")
+    parser.add_argument("--only", default="engine,batcher,efficiency,bulk", help="which parts to run")
+    parser.add_argument("--writers", default="thread,process", help="elmo-embed's hdf5 writers to measure")
+    parser.add_argument("--shapes", default="default,full,full16", help="elmo-embed's shapes: default, full, full16")
     parser.add_argument("--out-dir", type=Path, help="where elmo-embed writes (default: /dev/shm, else /tmp)")
     parser.add_argument("--out", type=Path, default=BUILD / "host")
     args = parser.parse_args(argv)
     sentences = fixture_sentences()
-    report = {"cpu": host_cpu(), "flags": cpu_flags(), "onnxruntime": ort.__version__, "engine": [], "bulk": None}
+    only = set(args.only.split(","))
+    report = {"cpu": host_cpu(), "flags": cpu_flags(), "load": os.getloadavg(), "onnxruntime": ort.__version__,
+              "engine": [], "batcher": [], "run_efficiency": {}, "bulk": []}  # fmt: skip
     for rows in (int(r) for r in args.rows.split(",")):
-        report["engine"].append(engine_host(rows, args.calls, sentences))
-    report["run_efficiency"] = run_efficiency([int(b) for b in args.batches.split(",")], sentences)
+        if "engine" in only:
+            report["engine"].append(engine_host(rows, args.calls, sentences))
+        if "batcher" in only:  # back to back: the batcher in series, then overlapped
+            for overlap in (False, True):
+                report["batcher"].append(batcher_host(rows, args.batcher_calls, sentences, overlap))
+    if "efficiency" in only:
+        report["run_efficiency"] = run_efficiency([int(b) for b in args.batches.split(",")], sentences)
     # the embedded default model's shape (output dim 256), and the full size (1024: 12 KB of output per token, which
     # a machine's memory or disk may not take at this rate: the bytes written per second are printed beside it),
     # in float32 and float16
-    shapes = [(ROOT / "models" / "default" / "options.json", "float32"), (FULL_OPTIONS, "float32"),
-              (FULL_OPTIONS, "float16")]  # fmt: skip
-    report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, o, d) for o, d in shapes]
+    shapes = {"default": (ROOT / "models" / "default" / "options.json", "float32"), "full": (FULL_OPTIONS, "float32"),
+              "full16": (FULL_OPTIONS, "float16")}  # fmt: skip
+    shapes = [shapes[name] for name in args.shapes.split(",")]
+    if "bulk" in only:  # the thread writer (before) and the writer process (after), back to back
+        report["bulk"] = [bulk_ceiling(sentences, args.bulk_sentences, args.out_dir, o, d, w) for o, d in shapes
+                          for w in args.writers.split(",")]  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host.json").write_text(json.dumps(report, indent=2) + "\n")
     _print(report)
 
 
 def _print(report: dict) -> None:
-    print(f"host work around the GPU, null session; {report['cpu']}; {report['flags']}; full-size shape")
-    print("| rows | host ms per call (p90) | serial ms after overlap | bytes allocated per call | positions per call "
-          "| padding efficiency | GPU ms at the yardstick | share (serial) | goal |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    load = ", ".join(f"{x:.1f}" for x in report["load"])
+    print(f"host work around the GPU, null session; {report['cpu']}; {report['flags']}; load {load}; full-size shape")
+    if report["engine"]:
+        print("| rows | host ms per call (p90) | serial ms after overlap | bytes allocated per call | positions per "
+              "call | padding efficiency | GPU ms at the yardstick | share (serial) | goal |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
     for e in report["engine"]:
         gpu = f"{e['yardstick_gpu_ms_per_call']:.1f}" if e["yardstick_gpu_ms_per_call"] else "n/a"
         share = f"{e['host_share_of_gpu']:.3f} ({e['serial_share_of_gpu']:.3f})" if e["host_share_of_gpu"] else "n/a"
@@ -298,19 +400,35 @@ def _print(report: dict) -> None:
             f"  {e['rows']} rows, heaviest: "
             + ", ".join(f"{h['function']} {h['seconds_in_5_calls']}s" for h in e["heaviest"])
         )
-    efficiencies = ", ".join(f"{n} sentences {eff:.3f}" for n, eff in report["run_efficiency"].items())
-    print(f"engine.run padding efficiency (fixture sentences): {efficiencies}; goal >= 0.85 from 32")
+    if report["batcher"]:
+        print("the service's batcher, clients keeping the queue fuller than the budget; each call waits the "
+              "yardstick's GPU time, the interpreter lock let go")  # fmt: skip
+        print("| rows | overlap | GPU ms per call | ms between calls | serial host ms per call (mean) | share of GPU | "
+              "of which the output copy | serial less the copy | calls planned again |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
+    for b in report["batcher"]:
+        print(
+            f"| {b['rows']} | {'on' if b['overlap'] else 'off'} | {b['gpu_ms_per_call']:.1f} | "
+            f"{b['ms_between_calls']:.1f} | {b['serial_ms_per_call']:.1f} ({b['serial_ms_mean']:.1f}) | "
+            f"{b['serial_share_of_gpu']:.3f} | {b['copy_ms_per_call']:.1f} | {b['serial_ms_less_copy']:.1f} | "
+            f"{b['replanned_calls']} |"
+        )
+    if report["run_efficiency"]:
+        efficiencies = ", ".join(f"{n} sentences {eff:.3f}" for n, eff in report["run_efficiency"].items())
+        print(f"engine.run padding efficiency (fixture sentences): {efficiencies}; goal >= 0.85 from 32")
     for b in report["bulk"]:
         print(
-            f"elmo-embed with a null engine, {b['shape']} (output dim {b['output_dim']}, {b['dtype']}): "
+            f"elmo-embed with a null engine, {b['writer']} writer, {b['shape']} (output dim {b['output_dim']}, "
+            f"{b['dtype']}): "
             f"{b['tokens_per_s']:,.0f} tokens/s ({b['sentences']} sentences, {b['tokens']} tokens, "
             f"{b['seconds']:.2f} s; {b['output_bytes'] / 1e6:.0f} MB, {b['bytes_per_s'] / 1e9:.2f} GB/s of hdf5 into "
             f"{b['folder']}); goal >= {BULK_GOAL:,}"
         )
         print(
             f"  the machine's bound there: one plain write of the same {b['output_bytes'] / 1e6:.0f} MB at "
-            f"{b['raw_write_bytes_per_s'] / 1e9:.2f} GB/s, {b['write_bound_tokens_per_s']:,.0f} tokens/s; the "
-            f"pipeline reaches {b['tokens_per_s'] / b['write_bound_tokens_per_s']:.2f} of it"
+            f"{b['raw_write_bytes_per_s'] / 1e9:.2f} GB/s, {b['write_bound_tokens_per_s']:,.0f} tokens/s (as one hdf5 "
+            f"dataset: {b['hdf5_one_dataset_bytes_per_s'] / 1e9:.2f} GB/s); the pipeline reaches "
+            f"{b['tokens_per_s'] / b['write_bound_tokens_per_s']:.2f} of it"
         )
 
 

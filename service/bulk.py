@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import mmap
+import multiprocessing
 import os
 import queue
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -148,9 +152,16 @@ def embed_file(
     shard: Shard = ALL_LINES,
     output: Output = ALL_LAYERS,
     dtype: str = "float32",
+    writer: str = "auto",
 ) -> dict:
     """Embed every line of input_path (of the shard) into output_path, each dataset of `dtype` (float32, or
     float16: half the bytes); returns counts and timing.
+
+    `writer` "process": the hdf5 file is written by a process of its own (`_WriterProcess`), fed through shared
+    memory, so that h5py's time per dataset does not share this process's interpreter lock with the pipeline;
+    "thread": by a thread of this process (the same file, dataset by dataset); "auto" (the default): the process
+    where this process may run on at least WRITER_PROCESS_CORES cores. On 2 cores it measured slower: the pipeline's
+    own threads keep both busy, and the process costs more CPU in all (docs/gpu.md).
 
     Four threads, so that the engine never waits on the file system, the parser or the copies: a reader parses
     the next chunks and plans their batches (at most READ_AHEAD_CHUNKS ahead), this thread runs the engine, an
@@ -175,8 +186,19 @@ def embed_file(
     # --average's layers stay float32 until the writer has averaged them (as allennlp), so that a float16 dataset
     # is rounded once; all layers or the top one are rounded by the assembler, off the one writing thread.
     early = np.dtype(np.float32) if output.layers == "average" else np.dtype(dtype)
-    assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
-    writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype))
+    if writer not in ("auto", "process", "thread"):
+        raise ValueError(f"writer {writer!r}: auto, process or thread")
+    if writer == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        writer = "process" if cores >= WRITER_PROCESS_CORES else "thread"
+    # started before any stage's thread: the process is forked, and a fork copies no other thread (nor a lock one
+    # of them would hold)
+    process = _WriterProcess(partial, output, stop) if writer == "process" else None
+    if process is None:
+        assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
+    else:
+        assembler = _Stage(stop, _assemble_into, finished, assembled, stop, process, output, early, np.dtype(dtype))
+    writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype), process)
     stages = (reader, assembler, writer)
     try:
         for stage in stages:
@@ -191,7 +213,10 @@ def embed_file(
     except BaseException as err:
         stop.set()  # every queue operation and stage loop checks it: the other threads end within POLL_S
         for stage in stages:
-            stage.join()  # the writer closes the file before it is removed
+            if stage.is_alive() or stage.ident is not None:
+                stage.join()  # the writer closes the file before it is removed
+        if process is not None:
+            process.close()  # ended before its file is removed
         partial.unlink(missing_ok=True)
         failure = reader.error or assembler.error or writer.error  # a _Stopped: another stage failed first
         if isinstance(err, _Stopped) and failure is not None:
@@ -199,6 +224,8 @@ def embed_file(
         raise
     finally:
         bar.close()
+        if process is not None:
+            process.close()
     sentences, tokens_total = writer.result
     seconds = time.perf_counter() - started
     return {"sentences": sentences, "tokens": tokens_total, "seconds": seconds, "tokens_per_s": tokens_total / seconds}
@@ -349,16 +376,18 @@ def _write_behind(
     started: float,
     output: Output,
     dtype: np.dtype,
+    process: _WriterProcess | None = None,
 ):
     """Writer stage: one dataset per line of each finished batch, then, at _END, sentence_to_index. Returns the
     sentences and tokens written. With sentence keys, each dataset is written under its line index in a group
     no sentence can name (a line holds no newline) and moved to its sentence at the end (a link's move, no
-    copy): a batch's text reaches this stage only after its layers."""
+    copy): a batch's text reaches this stage only after its layers. With a writer `process`, the datasets went to
+    it from the assembler: this stage counts the chunks, and hands it sentence_to_index at the end."""
     sentence_to_index: dict[str, str] = {}
     sentences = tokens_total = 0
-    with h5py.File(partial, "w") as out:
-        write = _dataset_writer(out)
-        if output.sentence_keys:
+    with contextlib.nullcontext() if process is not None else h5py.File(partial, "w") as out:
+        write = _dataset_writer(out) if out is not None else None
+        if output.sentence_keys and out is not None:
             out.create_group(PENDING)
         while (item := _get(finished, stop)) is not _END:
             if isinstance(item, list):  # a chunk, all of whose batches came before it
@@ -378,25 +407,208 @@ def _write_behind(
                 name = f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index)
                 write(name, np.ascontiguousarray(output.select(layers), dtype))
         bar.update(bar.total - bar.n)  # the other shards' lines after this shard's last one
-        if output.sentence_keys:
-            for text, line_index in sentence_to_index.items():
-                out.move(f"{PENDING}/{line_index}", text)  # a "/" in it makes groups, as allennlp's create_dataset
-            del out[PENDING]
-        elif not output.forget_sentences:
-            index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
-            index[0] = json.dumps(sentence_to_index)
+        if process is not None:
+            process.finish(sentence_to_index)
+        else:
+            _finish_file(out, output, sentence_to_index)
     return sentences, tokens_total
+
+
+def _finish_file(out: h5py.File, output: Output, sentence_to_index: dict[str, str]) -> None:
+    """What follows the datasets: their moves to their sentences' names, or sentence_to_index."""
+    if output.sentence_keys:
+        for text, line_index in sentence_to_index.items():
+            out.move(f"{PENDING}/{line_index}", text)  # a "/" in it makes groups, as allennlp's create_dataset
+        del out[PENDING]
+    elif not output.forget_sentences:
+        index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+        index[0] = json.dumps(sentence_to_index)
+
+
+def _assemble_into(finished: queue.Queue, assembled: queue.Queue, stop: threading.Event, process: _WriterProcess,
+                   output: Output, early: np.dtype, dtype: np.dtype) -> None:  # fmt: skip
+    """Assembler stage with a writer process: each finished sentence's dataset put together straight into a block of
+    the shared ring (its one copy), the block's table sent to the process once the next sentence does not fit, in
+    the order the thread writer writes them; chunks and the end pass through to the writer stage."""
+    block, table, used = None, [], 0
+
+    def send() -> None:
+        nonlocal block, table, used
+        if block is not None:
+            process.write_block(block, table)
+        block, table, used = None, [], 0
+
+    while (item := _get(finished, stop)) is not _END:
+        if isinstance(item, list):  # a chunk
+            _put(assembled, item, stop)
+            continue
+        for line_index, x in zip(*item, strict=True):
+            if stop.is_set():
+                raise _Stopped
+            name = f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index)
+            whole = output.layers == "all" and not isinstance(x, np.ndarray)  # put together where it is written
+            layers = None if whole else output.select(np.asarray(x, early) if isinstance(x, np.ndarray) else
+                                                      x.result(early))  # fmt: skip
+            shape = _shape(x) if whole else layers.shape
+            size = math.prod(shape) * dtype.itemsize
+            if size > BLOCK_BYTES:  # larger than a block: by the pipe, in its turn
+                send()
+                process.write_array(name, np.ascontiguousarray(layers if layers is not None else x.result(dtype),
+                                                               dtype))  # fmt: skip
+                continue
+            if block is None or used + size > BLOCK_BYTES:
+                send()
+                block = process.take(stop)
+            view = process.blocks[block][used : used + size].view(dtype).reshape(shape)
+            if layers is None:
+                x.result(dtype, out=view)
+            else:
+                np.copyto(view, layers)  # rounded to `dtype` here, as np.ascontiguousarray(layers, dtype) rounds
+            table.append((name, shape, dtype.str, used))
+            used += size
+    send()
+    _put(assembled, _END, stop)
+
+
+def _shape(sentence) -> tuple[int, ...]:
+    """The (num_layers, n_tokens, dim) of a packed sentence's result."""
+    lstm = sentence.pieces[0][3]
+    return (lstm.shape[0] + 1, sentence.length - 2, 2 * lstm.shape[-1])
+
+
+# The ring between the assembler and the writer process: blocks of shared memory, reused; a sentence larger than a
+# block goes through the pipe. 8 x 4 MB: the writer may be a few blocks behind; 32 MB touched once a run
+# (first-touch pages are slow on a loaded VM).
+BLOCK_BYTES = 4 << 20
+RING_BLOCKS = 8
+# The cores from which "auto" writes from a process: the engine's thread, the reader, the assembler, and a core for
+# the writer (measured on 2 shared cores: 0.6-0.9 s of the pipeline's CPU moved out, 1.2-1.4 s spent in the process)
+WRITER_PROCESS_CORES = 4
+
+
+class _WriterProcess:
+    """The output file written by a process of its own: h5py's ~65 us per dataset (one per sentence, the allennlp
+    layout) no longer shares an interpreter lock with the pipeline. Fed through a ring of shared-memory blocks (an
+    anonymous shared mapping, inherited by the forked process: nothing named to clean up): the assembler writes
+    each dataset into a free block (`take`), sends the block's table (name, shape, dtype, offset) down a pipe
+    (`write_block`), and the process creates the datasets in that order from the block, then hands the block back.
+    An error in the process (a full disk, say) comes back as the exception it raised, with its traceback in a note,
+    to whichever side waits next; a process that dies without a word is named; `stop` ends every wait."""
+
+    def __init__(self, partial: Path, output: Output, stop: threading.Event):
+        self.stop = stop
+        self.ring = mmap.mmap(-1, RING_BLOCKS * BLOCK_BYTES)
+        self.blocks = [np.frombuffer(self.ring, np.uint8, BLOCK_BYTES, i * BLOCK_BYTES) for i in range(RING_BLOCKS)]
+        self.free = list(range(RING_BLOCKS))
+        context = multiprocessing.get_context("fork")  # the ring is inherited; nothing pickled
+        commands_in, self._commands = context.Pipe(duplex=False)
+        self._replies, replies_out = context.Pipe(duplex=False)
+        self.process = context.Process(target=_write_process, args=(partial, output, self.ring, commands_in,
+                                       replies_out), name="elmo-embed writer", daemon=True)  # fmt: skip
+        self.process.start()
+        commands_in.close()  # the child's ends: a dead child is then an end of file here, not a wait
+        replies_out.close()
+
+    def take(self, stop: threading.Event) -> int:
+        """A free block (the assembler's thread): waits for the process to hand one back."""
+        while not self.free:
+            self._receive()
+        return self.free.pop()
+
+    def write_block(self, block: int, table: list) -> None:
+        self._send(("block", block, table))
+
+    def write_array(self, name: str, array: np.ndarray) -> None:
+        self._send(("array", name, array))
+
+    def finish(self, sentence_to_index: dict[str, str]) -> None:
+        """The datasets' moves or sentence_to_index written, the file closed: returns once the process says so."""
+        self._send(("finish", sentence_to_index))
+        while self._receive()[0] != "done":
+            pass
+        self.process.join()
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self._commands.send(message)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            while True:  # the process has ended: its error, if it sent one, or that it died
+                self._receive()
+
+    def _receive(self) -> tuple:
+        while not self._replies.poll(POLL_S):
+            if self.stop.is_set():
+                raise _Stopped
+            if not self.process.is_alive() and not self._replies.poll():
+                raise WriterError(f"the hdf5 writer process ended with exit code {self.process.exitcode}")
+        try:
+            message = self._replies.recv()
+        except EOFError:  # its end of the pipe closed: it has ended, or is ending
+            self.process.join(POLL_S * 10)
+            raise WriterError(f"the hdf5 writer process ended with exit code {self.process.exitcode}") from None
+        if message[0] == "free":
+            self.free.append(message[1])
+        elif message[0] == "error":
+            _, err, trace = message
+            if hasattr(err, "add_note"):  # Python 3.11 on (on 3.10 the process's traceback is not shown)
+                err.add_note(f"raised in the hdf5 writer process:\n{trace}")
+            raise err
+        return message
+
+    def close(self) -> None:
+        """End the process (at once, if it has not finished) and let go of the ring."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self._commands.close()
+        self._replies.close()
+        self.blocks = []
+        with contextlib.suppress(BufferError):  # a view still alive somewhere: the mapping goes with it
+            self.ring.close()
+
+
+class WriterError(RuntimeError):
+    """The hdf5 writer process ended without saying why."""
+
+
+def _write_process(partial: Path, output: Output, ring: mmap.mmap, commands, replies) -> None:
+    """The writer process: datasets from the ring's blocks, in the order given, then the end of the file."""
+    try:
+        with h5py.File(partial, "w") as out:
+            write = _dataset_writer(out)
+            if output.sentence_keys:
+                out.create_group(PENDING)
+            while (message := commands.recv())[0] != "finish":
+                if message[0] == "array":
+                    write(message[1], message[2])
+                    continue
+                _, block, table = message
+                for name, shape, dtype, offset in table:
+                    at = block * BLOCK_BYTES + offset
+                    write(name, np.frombuffer(ring, dtype, math.prod(shape), at).reshape(shape))
+                replies.send(("free", block))
+            _finish_file(out, output, message[1])
+        replies.send(("done",))
+    except BaseException as err:
+        try:
+            replies.send(("error", err, traceback.format_exc()))
+        except Exception:  # an error that does not pickle
+            replies.send(("error", WriterError(f"{type(err).__name__}: {err}"), traceback.format_exc()))
 
 
 def _dataset_writer(out: h5py.File):
     """write(name, array): one float32 (or float16) dataset, through h5py's low-level calls (the high-level
     create_dataset spends several times longer per dataset in Python, and a file holds one dataset per line)."""
     spaces: dict[tuple, h5py.h5s.SpaceID] = {}
+    # no modification times in the object headers, as h5py's create_dataset (allennlp's) writes them: the same
+    # input gives the same file, byte for byte
+    plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    plist.set_obj_track_times(False)
 
     def write(name: str, array: np.ndarray) -> None:  # a contiguous float32 or float16 array (`_assemble`)
         space = spaces.get(array.shape) or spaces.setdefault(array.shape, h5py.h5s.create_simple(array.shape))
         kind = h5py.h5t.IEEE_F16LE if array.dtype == np.float16 else h5py.h5t.IEEE_F32LE
-        dataset = h5py.h5d.create(out.id, name.encode(), kind, space)
+        dataset = h5py.h5d.create(out.id, name.encode(), kind, space, dcpl=plist)
         dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
 
     return write

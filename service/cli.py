@@ -70,6 +70,13 @@ def _embed_parser() -> argparse.ArgumentParser:
         help="the datasets' type: float16 halves the file (each number rounded once; docs/gpu.md gives the error)",
     )
     parser.add_argument(
+        "--writer",
+        default="auto",
+        choices=["auto", "process", "thread"],
+        help="who writes the hdf5 file: a process of its own fed through shared memory, or a thread (the same file); "
+        "auto: the process from 4 cores",
+    )
+    parser.add_argument(
         "--shard",
         type=_shard,
         default=ALL_LINES,
@@ -149,6 +156,7 @@ def embed_main(argv: list[str] | None = None) -> int:
             shard=args.shard,
             output=args.output_kind,
             dtype=args.dtype,
+            writer=args.writer,
         )
     except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
         print(f"elmo-embed: {err}", file=sys.stderr)

@@ -20,6 +20,11 @@
 * A window the engine fails on (out of memory, say) takes its sentences out of flight; they are run again
   whole, in halves, down to single sentences, so only a request whose own sentence fails alone gets the
   error, everyone else is answered, and the server keeps serving.
+* On the window graph (a GPU's), the host's side of a call overlaps the call before it: while the engine thread
+  waits for call N, another thread takes the sentences that fit the budget from the queue (the turns and budget
+  as above, the sentences N finishes no longer counted) and builds call N+1's feeds (char ids, packing, token
+  cache). A sentence queued after that, which call N+1 has room for, makes the engine thread build N+1 again
+  before it runs, so a newcomer never waits an extra call; under load the call is full and nothing is rebuilt.
 * The event loop never waits for the engine, and every request gets exactly its own rows back, in its order.
 """
 
@@ -135,6 +140,7 @@ class Batcher:
         queue_tokens: int,
         on_batch: Callable[[BatchStats], None] | None = None,
         gather_s: float = 0.0,
+        overlap: bool = True,
     ):
         self._run = run  # whole sentences, for the retries after a failed window
         self._in_flight = in_flight
@@ -151,6 +157,9 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.busy = False  # an engine call is running
+        self._joined_ahead: list[Item] = []  # taken while the last call ran (`_intake`), counted with the next one
+        if overlap and hasattr(in_flight, "overlap"):  # the window graph's packed rows
+            in_flight.overlap(self._intake)
 
     @property
     def queued_tokens(self) -> int:
@@ -233,23 +242,37 @@ class Batcher:
         while True:
             self._in_flight.drop(lambda row: row.tag[0].gone)  # before taking: they free budget
             with self._cond:
-                while not self._queue and not self._in_flight.rows:
+                while not self._queue and not self._in_flight.busy:
                     if self._stopping:
                         return
                     self._cond.wait()
-                if not self._in_flight.rows:
+                # the next call prepared during the last one, and full: a sentence taken now could not join it, so the
+                # preparing thread takes them during that call, off this thread (the window graph's overlap)
+                full = self._in_flight.next_call_full
+                if not self._in_flight.busy:
                     self._wait_for_company()
-                elif not self._stopping:
+                elif not self._stopping and not full:
                     self._wait_for_those_answered()
-                joining = self._take()
+                joining = [] if full else self._take()
             try:
                 self._answered = self._window(joining)
             except Exception as err:  # a bug, not an engine failure: fail what is in flight, keep serving
                 log.exception("the batcher failed; failing the %d sentences in flight", len(self._in_flight.rows))
-                entries = {id(entry): entry for entry, _ in [*joining, *(row.tag for row in self._in_flight.clear())]}
+                cleared = [row.tag for row in self._in_flight.clear()]
+                entries = {id(entry): entry for entry, _ in [*joining, *self._joined_ahead, *cleared]}
+                self._joined_ahead = []
                 for entry in entries.values():
                     self._loop.call_soon_threadsafe(self._fail, entry, err)
                 self._answered = 0
+
+    def _intake(self) -> None:
+        """On the preparing thread, while a call runs: drop the sentences whose client has gone, and let in those
+        that wait and fit the budget beside the sentences that continue past the running call."""
+        self._in_flight.drop(lambda row: row.tag[0].gone)
+        with self._cond:
+            joining = self._take()
+        self._joined_ahead += joining  # before they are admitted: a failure below still reaches them
+        self._in_flight.admit([entry.sentences[i] for entry, i in joining], joining)
 
     def _wait_for_company(self) -> None:
         """An idle engine waits up to `max_wait` after the oldest sentence, while the queue holds less than the
@@ -274,7 +297,7 @@ class Batcher:
         held = sum(row.length for row in self._in_flight.rows)  # a row's length counts its boundaries, as _tokens
         while self._queue and len(taken) < self._in_flight.room:
             tokens = _tokens(self._queue.next())
-            if held + tokens > self.batch_tokens and (taken or self._in_flight.rows):
+            if held + tokens > self.batch_tokens and (taken or self._in_flight.busy):
                 break
             entry, i = self._queue.pop()
             self._queued_tokens -= tokens
@@ -289,7 +312,8 @@ class Batcher:
         that completed."""
         rows_in_flight = self._in_flight
         start = time.perf_counter()
-        _started(joining, start)
+        admitted, self._joined_ahead = self._joined_ahead, []  # while the last call ran: in flight already
+        _started(admitted + joining, start)
         self.busy = True
         try:
             rows_in_flight.admit([entry.sentences[i] for entry, i in joining], joining)
@@ -297,7 +321,9 @@ class Batcher:
             finished = rows_in_flight.step(self._window_length()) if ran else []
         except Exception as err:  # out of memory, say: the rows' state is unknown, run them again whole
             cleared = [row.tag for row in rows_in_flight.clear()]
-            failed = cleared + [item for item in joining if item not in cleared]  # those admit did not reach
+            # those admit did not reach, and those the preparing thread took but did not admit
+            failed = cleared + [item for item in [*self._joined_ahead, *joining] if item not in cleared]
+            self._joined_ahead = []
             log.warning(
                 "a window of %d sentences failed (%s): running them again in halves", len(failed), type(err).__name__
             )
@@ -314,17 +340,17 @@ class Batcher:
                 padded_tokens=computed,
                 real_tokens=real,
                 seconds=time.perf_counter() - start,
-                queue_seconds=[start - entry.enqueued for entry, _ in joining],
+                queue_seconds=[start - entry.enqueued for entry, _ in admitted + joining],
             )
         )
         if not finished:
             return 0
         # each sentence's layers are put together where they are used (`result()`), not on this thread
-        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row) for row in finished])
         completed = 0
         for entry, _ in (row.tag for row in finished):
             entry.unfinished -= 1
             completed += entry.unfinished == 0
+        self._loop.call_soon_threadsafe(self._deliver, [(*row.tag, row) for row in finished])  # (clears the tags)
         return completed
 
     def _window_length(self) -> int:
@@ -381,6 +407,11 @@ class Batcher:
     @staticmethod
     def _deliver(results: list[tuple[_Entry, int, Layers]]) -> None:
         for entry, i, array in results:
+            if hasattr(array, "tag"):
+                # a sentence in flight routed by its tag: the request's result holds the sentence and the sentence
+                # held the request, a cycle only the garbage collector frees, so the views of a call's pooled output
+                # block outlived the answer and the pool made fresh blocks (first-touch writes: slow copies)
+                array.tag = None
             if entry.future.done():
                 continue
             entry.results[i] = array

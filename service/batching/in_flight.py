@@ -72,6 +72,13 @@ class InFlight:
         """How many more sentences may join."""
         return len(self._free)
 
+    @property
+    def busy(self) -> bool:
+        """Whether any sentence is in flight."""
+        return bool(self.rows)
+
+    next_call_full = False  # the Loop graph prepares no call ahead
+
     def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
         """Let sentences join (at most `room`): they start with the next `step`."""
         info = self.engine.info
@@ -133,6 +140,21 @@ class PackedInFlight:
         """How many more sentences may join: as many as the next call could start (each is at least 3 positions);
         the batcher's token budget bounds them first. Fewer waiting than a call can take would leave rows empty."""
         return max(0, self.engine.max_rows * self.window // 3 - len(self.packed.waiting))
+
+    @property
+    def busy(self) -> bool:
+        """Whether any sentence is in flight (without listing them: `rows` does)."""
+        return self.packed.busy
+
+    @property
+    def next_call_full(self) -> bool:
+        """The next call is prepared (`overlap`) with no room for a sentence that joined now."""
+        return self.packed.ahead is not None and not self.packed.ahead_open
+
+    def overlap(self, intake: Callable[[], object]) -> None:
+        """Build each call's feeds while the call before it runs (packing.PackedRows' prefetch): `intake` is called
+        on the preparing thread first, to admit the sentences that wait then, so that they join the next call."""
+        self.packed.prefetch, self.packed.intake = True, intake
 
     def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
         """Let sentences join (at most `room`): they start with the next calls."""

@@ -44,23 +44,36 @@ def cudart():
 
 
 class _PinnedMemory:
-    """Page-locked host memory from cudaHostAlloc, freed when the last array over it goes."""
+    """Page-locked host memory from cudaHostAlloc, freed when the last array over it goes. Allocated with the
+    session's device current (cudaSetDevice; the caller's device restored after): pinned memory belongs to the
+    context of the device current when it is allocated, and on a multi-GPU host another device's pinned memory is
+    pageable to this one's copies (a staged, slower copy)."""
 
-    def __init__(self, library, nbytes: int):
+    def __init__(self, library, nbytes: int, device_id: int = 0):
         import ctypes
 
         self.library, self.pointer = library, ctypes.c_void_p()
-        if library.cudaHostAlloc(ctypes.byref(self.pointer), ctypes.c_size_t(nbytes), 0):
-            raise MemoryError(f"cudaHostAlloc of {nbytes} bytes failed")
+        current = ctypes.c_int()
+        if library.cudaGetDevice(ctypes.byref(current)):
+            raise RuntimeError("cudaGetDevice failed")
+        if library.cudaSetDevice(device_id):
+            raise RuntimeError(f"cudaSetDevice({device_id}) failed")
+        try:
+            if library.cudaHostAlloc(ctypes.byref(self.pointer), ctypes.c_size_t(nbytes), 0):
+                raise MemoryError(f"cudaHostAlloc of {nbytes} bytes on device {device_id} failed")
+        finally:
+            library.cudaSetDevice(current.value)
 
     def __del__(self):
-        self.library.cudaFreeHost(self.pointer)
+        if self.pointer.value:
+            self.library.cudaFreeHost(self.pointer)
 
 
-def pinned_allocator() -> Callable[[int], np.ndarray]:
-    """Blocks of page-locked host memory (copies from the device run at full speed, without a staging copy),
-    viewed as numpy arrays that keep the memory alive; pageable numpy memory where the CUDA runtime library
-    cannot be loaded. (ONNX Runtime's Python API allocates no pinned host memory for the bundled CUDA provider.)"""
+def pinned_allocator(device_id: int = 0) -> Callable[[int], np.ndarray]:
+    """Blocks of page-locked host memory for the session on `device_id` (copies from the device run at full speed,
+    without a staging copy), viewed as numpy arrays that keep the memory alive; pageable numpy memory where the CUDA
+    runtime library cannot be loaded. (ONNX Runtime's Python API allocates no pinned host memory for the bundled
+    CUDA provider.)"""
     import ctypes
 
     library = cudart()
@@ -68,7 +81,7 @@ def pinned_allocator() -> Callable[[int], np.ndarray]:
         return numpy_allocator
 
     def allocate(floats: int) -> np.ndarray:
-        owner = _PinnedMemory(library, 4 * floats)
+        owner = _PinnedMemory(library, 4 * floats, device_id)
         memory = (ctypes.c_float * floats).from_address(owner.pointer.value)
         memory._owner = owner  # the ctypes array (the numpy array's base) keeps the pinned memory alive
         return np.frombuffer(memory, np.float32)

@@ -15,6 +15,7 @@ the CPU, alone, packed, or in any row).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -52,14 +53,16 @@ class Sentence:
     def finished(self) -> bool:
         return self.done == len(self.keys)
 
-    def result(self, dtype=np.float32) -> np.ndarray:
+    def result(self, dtype=np.float32, out: np.ndarray | None = None) -> np.ndarray:
         """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it: the forward half at the
         positions read, the backward half at the positions the sentence reversed read; layer 0 (the token vector,
         the same in both halves) written twice from the one copy the graph returns. `dtype` float16 halves the
-        bytes of those who ask for it (the numbers rounded once, here)."""
+        bytes of those who ask for it (the numbers rounded once, here). `out`, if given, is written instead of a new
+        array (elmo-embed's shared-memory blocks: the one copy)."""
         first_lstm = self.pieces[0][3]
         half, length = first_lstm.shape[-1], len(self.keys)
-        out = np.empty((first_lstm.shape[0] + 1, length - 2, 2 * half), dtype)  # position p at p - 1
+        if out is None:
+            out = np.empty((first_lstm.shape[0] + 1, length - 2, 2 * half), dtype)  # position p at p - 1
         for first, n, token_layer, lstm, q in self.pieces:  # lstm: (L, 2, N, P) of the call
             # forward: positions first .. first+n-1; backward: the sentence reversed read them, so it computed
             # positions end-n .. end-1 (end = length - first), last first
@@ -93,12 +96,21 @@ class PackedRows:
     `step` runs one call (engine.call_packed) and returns the sentences it finished. Not thread-safe: one thread
     drives it."""
 
-    def __init__(self, engine, max_rows: int | None = None, prefetch: bool = False):
+    def __init__(self, engine, max_rows: int | None = None, prefetch: bool = False,
+                 intake: Callable[[], object] | None = None):  # fmt: skip
         self.engine, self.window = engine, engine.window
         self.max_rows = max_rows or engine.max_rows
         self.prefetch = prefetch  # `step`: the next call's feeds built while this one runs
+        # with prefetch: called on the preparing thread, while a call runs, before the next call is planned: the
+        # batcher admits the sentences that wait for it then (they join the next call, not the one after)
+        self.intake = intake
         self.ahead: tuple[list[list[Segment]], object] | None = None  # with prefetch: the next call, prepared
-        self.prepare_s = 0.0  # with prefetch: host seconds spent building feeds (beside the calls, on a GPU)
+        # what preparing `ahead` moved past, to plan it again when sentences join that it had room for
+        self._before: tuple[list[Sentence | None], list[Sentence]] | None = None
+        self.ahead_open = False  # `ahead` took every waiting sentence and has free positions or rows
+        self.failed: list[list[Segment]] = []  # the rows of a call that raised, until `clear` hands them back
+        self.prepare_s = 0.0  # with prefetch: host seconds spent building feeds beside a running call
+        self.replanned = 0  # with prefetch: calls prepared ahead, then again in series for sentences that joined
         self.rows: list[Sentence | None] = []  # per row of the last call: the sentence that continues in it
         self.waiting: deque[Sentence] = deque()
         self.positions = 0  # sentences' own positions computed, over every call
@@ -113,13 +125,14 @@ class PackedRows:
     @property
     def busy(self) -> bool:
         """Whether any sentence is in flight."""
-        return bool(self.rows or self.waiting or self.ahead)
+        return bool(self.rows or self.waiting or self.ahead or self.failed)
 
     @property
     def in_flight(self) -> list[Sentence]:
-        """Every sentence not finished: those of a call prepared ahead (`prefetch`), those in a row, then those
-        waiting."""
-        ahead = self._finished(self.ahead[0]) if self.ahead else []
+        """Every sentence not finished: those a failed call was to finish, those of a call prepared ahead
+        (`prefetch`), those in a row, then those waiting. With prefetch the bookkeeping runs a call ahead, so the
+        sentences a call finishes are in neither the rows nor the waiting ones: they are listed by their calls."""
+        ahead = self._finished(self.failed) + (self._finished(self.ahead[0]) if self.ahead else [])
         return ahead + [s for s in self.rows if s is not None] + list(self.waiting)
 
     @property
@@ -136,6 +149,11 @@ class PackedRows:
         """Take the sentences for which `unwanted` holds out of flight (their client has gone); a row whose
         sentence leaves is refilled or dropped at the next call."""
         gone = [s for s in self.in_flight if unwanted(s)]
+        if self.ahead is not None and any(unwanted(s) for row in self.ahead[0] for s, _, _ in row):
+            # one is in the call prepared ahead (no call runs now): it is planned again without it, before it costs
+            # compute
+            self._unprepare()
+            self.replanned += 1
         self.rows = [None if s is not None and unwanted(s) else s for s in self.rows]
         self.waiting = deque(s for s in self.waiting if not unwanted(s))
         return gone
@@ -143,7 +161,7 @@ class PackedRows:
     def clear(self) -> list[Sentence]:
         """Take every sentence out of flight (after a failed call: their state is unknown), and return them."""
         every = self.in_flight
-        self.rows, self.waiting, self.ahead = [], deque(), None
+        self.rows, self.waiting, self.ahead, self.failed, self._before = [], deque(), None, [], None
         return every
 
     def plan(self) -> tuple[list[list[Segment]], list[int]]:
@@ -219,41 +237,76 @@ class PackedRows:
         bookkeeping has moved on already)."""
         return [sentence for row in rows for sentence, first, n in row if first + n == sentence.length]
 
-    def _prepare_next(self) -> None:
-        """Plan the next call, move the bookkeeping past it and build its feeds (`self.ahead`)."""
+    def _prepare_next(self, overlapped: bool = False) -> None:
+        """Plan the next call, build its feeds and move the bookkeeping past it (`self.ahead`). The feeds come
+        first: if building them raises, nothing has moved and no sentence is lost."""
         start = time.perf_counter()
         rows, source, taken = self._plan()
         if rows:
+            prepared = self.engine.prepare_packed(rows, source)
+            self.ahead_open = taken == len(self.waiting) and (
+                len(rows) < self.max_rows or any(sum(n for _, _, n in row) < self.window for row in rows)
+            )
+            self._before = (list(self.rows), list(itertools.islice(self.waiting, taken)))
             self._advance(rows, taken)
-            self.ahead = (rows, self.engine.prepare_packed(rows, source))
+            self.ahead = (rows, prepared)
         else:
-            self.rows, self.ahead = [], None
-        self.prepare_s += time.perf_counter() - start
+            self.rows, self.ahead, self._before = [], None, None
+        if overlapped:
+            self.prepare_s += time.perf_counter() - start
+
+    def _unprepare(self) -> None:
+        """Undo `_prepare_next` (its call has not run): the sentences it took wait again, first, and the rows and
+        positions are those before it."""
+        rows, _ = self.ahead
+        before_rows, taken = self._before
+        for row in rows:
+            for sentence, first, _ in row:
+                sentence.done = first
+        self.waiting.extendleft(reversed(taken))
+        self.rows, self.ahead, self._before = before_rows, None, None
 
     def _step_ahead(self) -> list[Sentence]:
+        if self.ahead is not None and self.ahead_open and self.waiting:
+            # sentences joined since the call was prepared, and it had room for them: planned again, in series (a
+            # newcomer is not held back a call; under load the call was full and the newcomers wait anyway)
+            self._unprepare()
+            self.replanned += 1
         if self.ahead is None:
             self._prepare_next()  # the first call (or the first after the rows ran dry) is prepared here
         if self.ahead is None:
             return []
         rows, prepared = self.ahead
-        self.ahead = None
+        self.ahead, self._before = None, None
         failure: list[BaseException] = []
 
         def prepare() -> None:
             try:
-                self._prepare_next()
+                if self.intake is not None:
+                    self.intake()
+                self._prepare_next(overlapped=True)
             except BaseException as err:  # raised on the engine's thread, after its call
                 failure.append(err)
 
-        worker = threading.Thread(target=prepare, name="elmo-prepare") if self.rows or self.waiting else None
+        ahead = self.rows or self.waiting or self.intake is not None
+        worker = threading.Thread(target=prepare, name="elmo-prepare") if ahead else None
         if worker is not None:
             worker.start()
         try:
             padded_rows = self.engine.run_prepared(prepared)
+        except BaseException as err:
+            # the call's sentences are handed back by `clear` (with those prepared after it and those waiting),
+            # none lost and none answered: the caller runs them again or fails them
+            self.failed = rows
+            if hasattr(err, "add_note"):  # Python 3.11 on
+                err.add_note(f"a window call of {sum(map(len, rows))} sentence segments failed; its sentences and "
+                             "those after it are handed back by clear()")  # fmt: skip
+            raise
         finally:
             if worker is not None:
                 worker.join()
         if failure:
+            self.failed = rows  # ran, but its sentences are not handed out: the caller clears and runs them again
             raise failure[0]
         self._count(rows, padded_rows)
         return self._finished(rows)

@@ -234,7 +234,7 @@ class _WindowCalls:
         self.outputs = SPLIT_OUTPUTS if "token_layer" in outputs else STACKED_OUTPUTS
         cuda = self.device == "cuda"
         self.row_multiple = CUDA_ROW_MULTIPLE if cuda else ROW_MULTIPLE
-        self.pool = HostPool(pinned_allocator() if cuda else numpy_allocator)
+        self.pool = HostPool(pinned_allocator(self.device_id) if cuda else numpy_allocator)
         self._copy = _cuda_copy() if cuda else None
 
     def rows(self, n: int) -> int:

@@ -41,3 +41,49 @@ def test_pinned_memory_falls_back_to_numpy_without_the_cuda_runtime(monkeypatch)
     # The page-locked allocator needs libcudart (a GPU host); without it the pool lends ordinary numpy memory.
     monkeypatch.setattr(host_pool, "cudart", lambda: None)
     assert host_pool.pinned_allocator() is host_pool.numpy_allocator
+
+
+class FakeCudaRuntime:
+    """A stand-in for libcudart (a mock: this machine has no GPU, so the real library cannot run here): the calls the
+    pinned allocator makes, recorded in order, with host memory from ctypes in place of page-locked memory."""
+
+    def __init__(self, device: int = 0):
+        self.device, self.calls, self.buffers = device, [], {}
+
+    def cudaGetDevice(self, device):
+        device._obj.value = self.device
+        self.calls.append(("get", self.device))
+        return 0
+
+    def cudaSetDevice(self, device: int):
+        self.device = device
+        self.calls.append(("set", device))
+        return 0
+
+    def cudaHostAlloc(self, pointer, size, flags):
+        import ctypes
+
+        buffer = ctypes.create_string_buffer(size.value)
+        pointer._obj.value = ctypes.addressof(buffer)
+        self.buffers[ctypes.addressof(buffer)] = buffer
+        self.calls.append(("alloc", self.device, size.value))
+        return 0
+
+    def cudaFreeHost(self, pointer):
+        self.calls.append(("free", self.buffers.pop(pointer.value) is not None))
+        return 0
+
+
+def test_pinned_blocks_are_allocated_on_the_sessions_device_and_the_current_device_is_restored(monkeypatch):
+    # On a multi-GPU host pinned memory belongs to the device current when it is allocated: a session on device 1
+    # must allocate its blocks with device 1 current, and leave the caller's device (0) current after.
+    runtime = FakeCudaRuntime(device=0)
+    monkeypatch.setattr(host_pool, "cudart", lambda: runtime)
+    pool = HostPool(host_pool.pinned_allocator(device_id=1))
+    block = pool.take(1000)
+    block[:] = 3.0  # the memory is usable through the numpy view
+    assert runtime.calls == [("get", 0), ("set", 1), ("alloc", 1, 4 * len(block)), ("set", 0)]
+    assert runtime.device == 0 and float(block.sum()) == 3.0 * len(block)
+    del block, pool
+    gc.collect()
+    assert runtime.calls[-1] == ("free", True) and not runtime.buffers  # freed with its last view

@@ -5,6 +5,7 @@ positions computed are mostly the sentences' own."""
 from __future__ import annotations
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -157,3 +158,58 @@ def test_the_next_calls_feeds_built_during_a_call_change_no_bit(window_engine, s
     assert sorted(got) == list(range(len(sentences))) and ahead.prepare_s > 0
     for i, want in enumerate(alone):
         np.testing.assert_array_equal(got[i], want)
+
+
+class FailingEngine:
+    """The real window engine, whose `fail_at`-th call (`run_prepared`) or `fail_at`-th feeds built
+    (`prepare_packed`, on the preparing thread while a call runs) raise, as a device error or a bug would."""
+
+    def __init__(self, engine: Engine, where: str, fail_at: int):
+        self.engine, self.where, self.fail_at, self.counts = engine, where, fail_at, {"run": 0, "prepare": 0}
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def _count(self, where: str) -> None:
+        self.counts[where] += 1
+        if where == self.where and self.counts[where] == self.fail_at:
+            raise RuntimeError(f"{where} {self.fail_at} failed")
+
+    def prepare_packed(self, rows, source):
+        self._count("prepare")
+        return self.engine.prepare_packed(rows, source)
+
+    def run_prepared(self, prepared):
+        self._count("run")
+        return self.engine.run_prepared(prepared)
+
+
+@pytest.mark.parametrize(("where", "fail_at"), [("run", 1), ("run", 2), ("run", 4), ("prepare", 2), ("prepare", 3)])
+def test_a_failed_call_with_prefetch_hands_back_every_sentence_it_did_not_finish(window_engine, sentences, where,
+                                                                                 fail_at):  # fmt: skip
+    # With prefetch the bookkeeping runs a call ahead: the sentences the failed call was to finish are in no row and
+    # no longer waiting. They are handed back by clear(), with every other unfinished one, and none is answered.
+    many = [sentences[i % len(sentences)] for i in range(3 * len(sentences))]
+    alone = [window_engine.run([s])[0] for s in sentences]
+    failing = FailingEngine(window_engine, where, fail_at)
+    packed = PackedRows(failing, max_rows=2, prefetch=True)
+    packed.admit(many, range(len(many)))
+    got = {}
+    with pytest.raises(RuntimeError, match=f"{where} {fail_at} failed") as raised:
+        while packed.busy:
+            got.update((s.tag, s.result()) for s in packed.step())
+    if where == "run" and sys.version_info >= (3, 11):  # notes from 3.11 on
+        assert "handed back by clear()" in raised.value.__notes__[0]
+    back = sorted(s.tag for s in packed.clear())
+    assert not packed.busy and back and not set(back) & set(got)
+    assert sorted([*got, *back]) == list(range(len(many)))  # none lost, none twice
+    # what was answered before the failure is each sentence's own; the handed-back ones run again on the same rows
+    failing.where = None
+    packed.admit([many[i] for i in back], back)
+    while packed.busy:
+        for s in packed.step():
+            assert s.tag not in got
+            got[s.tag] = s.result()
+    assert sorted(got) == list(range(len(many)))
+    for i, layers in got.items():
+        np.testing.assert_allclose(layers, alone[i % len(sentences)], rtol=0, atol=1e-5)
