@@ -124,8 +124,8 @@ class PackedRows:
 
     @property
     def busy(self) -> bool:
-        """Whether any sentence is in flight."""
-        return bool(self.rows or self.waiting or self.ahead or self.failed)
+        """Whether any sentence is in flight (a row whose sentence left, `None`, holds none)."""
+        return bool(any(s is not None for s in self.rows) or self.waiting or self.ahead or self.failed)
 
     @property
     def in_flight(self) -> list[Sentence]:

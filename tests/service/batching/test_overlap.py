@@ -211,3 +211,28 @@ def test_a_request_cancelled_while_its_sentence_waits_in_the_prepared_call_is_no
     assert second.cancelled() and slow.computed == [[long], [long], [long]]
     assert batcher._in_flight.packed.replanned == 1
     assert_alone(window_engine, [long], got)
+
+
+def test_the_only_request_cancelled_with_its_next_call_prepared_leaves_the_engine_idle(window_engine):
+    # the long sentence (3 calls) alone; its client goes while call 1 runs, call 2 prepared beside it: the sentence's
+    # row is emptied, and nothing is in flight any more. A review found the empty row counted as "busy": the engine
+    # thread spun without waiting, and stop() never returned
+    long = ["long"] * 70
+    slow = SlowCalls(window_engine, seconds=0.3)
+
+    async def main():
+        batcher = Batcher(retries(window_engine), in_flight(slow, 4), 4096, 0.0, 100_000)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.embed([long]))
+        await wait_until(lambda: len(slow.built) == 2 and not slow.calls)  # call 2 built while call 1 runs
+        first.cancel()
+        await wait_until(lambda: not batcher._in_flight.busy)
+        calls = len(slow.calls)
+        await asyncio.sleep(0.3)
+        idle = len(slow.calls) == calls and not batcher._in_flight.busy
+        await asyncio.wait_for(batcher.stop(), 5)
+        return first, idle
+
+    first, idle = run(main)
+    assert first.cancelled() and idle
+    assert len(slow.computed) <= 2  # call 1, and at most the prepared call 2; never call 3
