@@ -194,11 +194,17 @@ def embed_file(
     # started before any stage's thread: the process is forked, and a fork copies no other thread (nor a lock one
     # of them would hold)
     process = _WriterProcess(partial, output, stop) if writer == "process" else None
-    if process is None:
-        assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
-    else:
-        assembler = _Stage(stop, _assemble_into, finished, assembled, stop, process, output, early, np.dtype(dtype))
-    writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype), process)
+    try:  # from the fork on, an interrupt leaves no process or file behind
+        if process is None:
+            assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
+        else:
+            assembler = _Stage(stop, _assemble_into, finished, assembled, stop, process, output, early, np.dtype(dtype))
+        writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype), process)
+    except BaseException:
+        if process is not None:
+            process.close()
+        partial.unlink(missing_ok=True)
+        raise
     stages = (reader, assembler, writer)
     try:
         for stage in stages:
@@ -503,8 +509,11 @@ class _WriterProcess:
         context = multiprocessing.get_context("fork")  # the ring is inherited; nothing pickled
         commands_in, self._commands = context.Pipe(duplex=False)
         self._replies, replies_out = context.Pipe(duplex=False)
+        # the parent's ends go too, for the process to close: holding the commands' sending end itself, it would
+        # never see an end of file, and would outlive a parent that was killed
         self.process = context.Process(target=_write_process, args=(partial, output, self.ring, commands_in,
-                                       replies_out), name="elmo-embed writer", daemon=True)  # fmt: skip
+                                       replies_out, (self._commands, self._replies)), name="elmo-embed writer",
+                                       daemon=True)  # fmt: skip
         self.process.start()
         commands_in.close()  # the child's ends: a dead child is then an end of file here, not a wait
         replies_out.close()
@@ -571,8 +580,11 @@ class WriterError(RuntimeError):
     """The hdf5 writer process ended without saying why."""
 
 
-def _write_process(partial: Path, output: Output, ring: mmap.mmap, commands, replies) -> None:
-    """The writer process: datasets from the ring's blocks, in the order given, then the end of the file."""
+def _write_process(partial: Path, output: Output, ring: mmap.mmap, commands, replies, parents: tuple) -> None:
+    """The writer process: datasets from the ring's blocks, in the order given, then the end of the file. If the
+    parent dies (killed: it cannot say so), the commands' pipe ends and so does the process."""
+    for end in parents:
+        end.close()
     try:
         with h5py.File(partial, "w") as out:
             write = _dataset_writer(out)
@@ -590,10 +602,14 @@ def _write_process(partial: Path, output: Output, ring: mmap.mmap, commands, rep
             _finish_file(out, output, message[1])
         replies.send(("done",))
     except BaseException as err:
+        trace = traceback.format_exc()
         try:
-            replies.send(("error", err, traceback.format_exc()))
+            replies.send(("error", err, trace))
+        except OSError:  # the parent has gone (the pipe is closed): no one to tell
+            pass
         except Exception:  # an error that does not pickle
-            replies.send(("error", WriterError(f"{type(err).__name__}: {err}"), traceback.format_exc()))
+            with contextlib.suppress(OSError):
+                replies.send(("error", WriterError(f"{type(err).__name__}: {err}"), trace))
 
 
 def _dataset_writer(out: h5py.File):

@@ -144,3 +144,18 @@ def test_the_writer_on_the_command_line(tiny_model_dir, sentences, tmp_path):
     assert (tmp_path / "process.hdf5").read_bytes() == (tmp_path / "thread.hdf5").read_bytes()
     refused = embed_cli(tiny_model_dir, source, tmp_path / "x.hdf5", "--writer", "threads")
     assert refused.returncode != 0 and "--writer" in refused.stderr
+
+
+def test_a_writer_process_whose_parent_is_gone_ends(tmp_path):
+    # a parent that is killed closes nothing itself: the kernel closes its ends of the pipes. The process held the
+    # commands' sending end too (inherited at the fork) and so waited for a command for ever (a review found it);
+    # here the parent's ends are closed as a kill would close them
+    writer = service.bulk._WriterProcess(tmp_path / "out.hdf5.partial", Output(), threading.Event())
+    try:
+        assert writer.process.is_alive()
+        writer._commands.close()
+        writer._replies.close()
+        writer.process.join(10)
+        assert not writer.process.is_alive()
+    finally:
+        writer.close()
