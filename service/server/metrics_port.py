@@ -65,7 +65,7 @@ class ScrapeCache:
                 self._rendering = loop.run_in_executor(None, self._collect)
                 self._rendering.add_done_callback(self._rendered)
             await asyncio.shield(self._rendering)  # a scrape that leaves does not cancel the others' render
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = _encoder(accept)
         key = (content_type, gzipped)
         if key not in self._encoded:
             self._encoded[key] = loop.run_in_executor(None, _encode, encoder, self._frozen, gzipped)
@@ -81,6 +81,15 @@ class ScrapeCache:
             self._frozen, self._encoded = _Frozen(rendering.result()), {}
             self._at = self.clock()
             self.renders += 1
+
+
+def _encoder(accept: str):
+    """prometheus_client's encoder for the Accept header; its text format where it cannot read the header (an
+    OpenMetrics version that is not numbers raised TypeError: a 500 and a traceback a scrape, for anyone)."""
+    try:
+        return choose_encoder(accept)
+    except Exception:
+        return choose_encoder("")
 
 
 def _encode(encoder, frozen: _Frozen, gzipped: bool) -> bytes:

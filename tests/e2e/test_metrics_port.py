@@ -57,6 +57,10 @@ def test_metrics_alone_without_a_key(server, metrics_port):
     )
     assert raw.headers["content-type"].startswith("application/openmetrics-text")
     assert raw.headers["content-encoding"] == "gzip" and raw.text.rstrip().endswith("# EOF")
+    # an Accept header prometheus_client cannot read (an OpenMetrics version that is not numbers): the text
+    # format, not a 500 and a traceback a scrape
+    odd = scrape(metrics_port, headers={"accept": "application/openmetrics-text; version=abc"})
+    assert odd.status_code == 200 and odd.headers["content-type"].startswith("text/plain")
 
 
 def _raw(port: int, data: bytes, source: str = "127.0.0.1") -> socket.socket:
