@@ -181,39 +181,25 @@ def embed_file(
     finished: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     assembled: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     reader = _Stage(stop, _read_ahead, input_path, shard, batch_tokens, planned, stop)
-    if dtype not in ("float32", "float16"):
-        raise ValueError(f"dtype {dtype!r}: float32 or float16")
-    # --average's layers stay float32 until the writer has averaged them (as allennlp), so that a float16 dataset
-    # is rounded once; all layers or the top one are rounded by the assembler, off the one writing thread.
-    early = np.dtype(np.float32) if output.layers == "average" else np.dtype(dtype)
-    if writer not in ("auto", "process", "thread"):
-        raise ValueError(f"writer {writer!r}: auto, process or thread")
-    if writer == "auto":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        writer = "process" if cores >= WRITER_PROCESS_CORES else "thread"
-    # started before any stage's thread: the process is forked, and a fork copies no other thread (nor a lock one
-    # of them would hold)
-    process = _WriterProcess(partial, output, stop) if writer == "process" else None
-    try:  # from the fork on, an interrupt leaves no process or file behind
+    early = _assembled_dtype(output, dtype)
+    in_process = _writer_process_chosen(writer)
+    process, stages = None, (reader,)
+    try:
+        # forked before any stage's thread starts: a fork copies no other thread (nor a lock one of them would hold)
+        process = _WriterProcess(partial, output, stop) if in_process else None
         if process is None:
             assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
         else:
             assembler = _Stage(stop, _assemble_into, finished, assembled, stop, process, output, early, np.dtype(dtype))
-        writer = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype), process)
-    except BaseException:
-        if process is not None:
-            process.close()
-        partial.unlink(missing_ok=True)
-        raise
-    stages = (reader, assembler, writer)
-    try:
+        writing = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype), process)
+        stages = (reader, assembler, writing)
         for stage in stages:
             stage.start()
         (_embed_packed if engine.window else _embed_batches)(engine, planned, finished, stop)
         _put(finished, _END, stop)
         assembler.join()
-        writer.join()
-        if (error := assembler.error or writer.error) is not None:
+        writing.join()
+        if (error := assembler.error or writing.error) is not None:
             raise error
         os.replace(partial, output_path)
     except BaseException as err:
@@ -224,7 +210,8 @@ def embed_file(
         if process is not None:
             process.close()  # ended before its file is removed
         partial.unlink(missing_ok=True)
-        failure = reader.error or assembler.error or writer.error  # a _Stopped: another stage failed first
+        # a _Stopped: another stage failed first
+        failure = next((stage.error for stage in stages if stage.error is not None), None)
         if isinstance(err, _Stopped) and failure is not None:
             raise failure from None
         raise
@@ -232,9 +219,28 @@ def embed_file(
         bar.close()
         if process is not None:
             process.close()
-    sentences, tokens_total = writer.result
+    sentences, tokens_total = writing.result
     seconds = time.perf_counter() - started
     return {"sentences": sentences, "tokens": tokens_total, "seconds": seconds, "tokens_per_s": tokens_total / seconds}
+
+
+def _assembled_dtype(output: Output, dtype: str) -> np.dtype:
+    """The dtype the assembler gives the writer: --average's layers stay float32 until the writer has averaged them
+    (as allennlp), so that a float16 dataset is rounded once; all layers or the top one are rounded by the
+    assembler, off the one writing thread."""
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype {dtype!r}: float32 or float16")
+    return np.dtype(np.float32) if output.layers == "average" else np.dtype(dtype)
+
+
+def _writer_process_chosen(writer: str) -> bool:
+    """Whether `writer` (auto, process or thread) means the writer process here."""
+    if writer not in ("auto", "process", "thread"):
+        raise ValueError(f"writer {writer!r}: auto, process or thread")
+    if writer == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return cores >= WRITER_PROCESS_CORES
+    return writer == "process"
 
 
 def _embed_batches(engine: Engine, planned: queue.Queue, finished: queue.Queue, stop: threading.Event) -> None:
