@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "requirements"
 # each lock, and the extras of the service (and the client's) it was compiled for
 COMPILED = {
-    "dev.txt": ({"cpu", "export", "dev", "otel"}, {"hdf5"}),
+    "dev.txt": ({"cpu", "export", "dev", "otel", "ray"}, {"hdf5"}),
     "cpu.txt": ({"cpu", "otel"}, None),
     "gpu.txt": ({"gpu", "otel"}, None),
 }

@@ -20,7 +20,7 @@ from service.engine.canary import cosine_min, max_abs_error
 from service.engine.session import Engine
 from tests.live_server import counter, running_server
 from tests.service.batching.test_in_flight import staggered
-from tests.service.test_bulk import embed_cli
+from tests.service.bulk.test_pipeline import embed_cli
 
 LAYERS_ABOVE_0 = slice(1, None)  # the goal is on the contextual layers; layer 0 is stated too
 

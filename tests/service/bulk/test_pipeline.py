@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-import service.bulk
+import service.bulk.pipeline
 from service.bulk import InputError, Shard, embed_file, plan_batches, read_embeddings, read_sentences
 from tests.conftest import max_error
 
@@ -40,7 +40,7 @@ def test_round_trip_equals_reference(tiny_model_dir, sentences, expected, tmp_pa
 
 
 def test_many_chunks_and_batches_keep_line_order(engine, sentences, expected, tmp_path, monkeypatch):
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # a chunk per ~100 tokens: streamed in pieces
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)  # a chunk per ~100 tokens: streamed in pieces
     source = tmp_path / "in.txt"
     source.write_text("\n".join(" ".join(s) for s in sentences * 3) + "\n")
     stats = embed_file(engine, source, tmp_path / "out.hdf5", batch_tokens=100, progress=False)
@@ -51,7 +51,7 @@ def test_many_chunks_and_batches_keep_line_order(engine, sentences, expected, tm
 
 
 def test_pipelined_output_equals_each_sentence_run_alone(engine, sentences, tmp_path, monkeypatch):
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # many chunks: the reader, engine and writer overlap
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)  # many chunks: the reader, engine and writer overlap
     source = tmp_path / "in.txt"
     lines = sentences * 4
     source.write_text("\n".join(" ".join(s) for s in lines) + "\n")
@@ -97,7 +97,7 @@ def counting_reader(monkeypatch, hold=(None, None)):
             failed.set()
             raise
 
-    monkeypatch.setattr(service.bulk, "read_sentences", reader)
+    monkeypatch.setattr(service.bulk.pipeline, "read_sentences", reader)
     return read, failed
 
 
@@ -105,7 +105,7 @@ def test_a_bad_line_read_while_the_engine_runs_is_named(engine, sentences, tmp_p
     # Two chunks: the engine's first batch (of the first chunk) runs until the reader has met the bad line at
     # the end of the second one, and the reader reads the second chunk's end only once the engine has started.
     tokens = 40 * sum(map(len, sentences))
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", tokens // 2 // 100 + 1)
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", tokens // 2 // 100 + 1)
     source = tmp_path / "in.txt"
     source.write_text("".join(" ".join(s) + "\n" for s in sentences * 40) + "\n")  # line 1201 is empty
     threads = threading.active_count()
@@ -120,7 +120,7 @@ def test_a_bad_line_read_while_the_engine_runs_is_named(engine, sentences, tmp_p
 
 @pytest.mark.parametrize("error", [RuntimeError("the engine failed"), KeyboardInterrupt()])
 def test_an_engine_failure_stops_every_thread_and_leaves_no_file(engine, sentences, tmp_path, monkeypatch, error):
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)
     read, _ = counting_reader(monkeypatch)
     source = tmp_path / "in.txt"
     source.write_text("".join(" ".join(s) + "\n" for s in sentences * 40))
@@ -143,7 +143,7 @@ def test_a_write_failure_stops_the_run(engine, sentences, tmp_path):
 
 @pytest.mark.parametrize("count", [1, 3, 7, 40])
 def test_shards_cover_every_line_once_with_the_unsharded_vectors(engine, sentences, tmp_path, monkeypatch, count):
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # several chunks per shard
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)  # several chunks per shard
     source = tmp_path / "in.txt"
     lines = sentences + sentences[:5]  # 35 lines, a repeated sentence maps to its last line
     source.write_text("\n".join(" ".join(s) for s in lines) + "\n")
@@ -246,7 +246,7 @@ def test_on_the_window_graph_lines_stream_through_packed_rows_across_chunks(
     line once, repeated sentences indexed by their last line."""
     from service.engine.session import Engine
 
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # many chunks: sentences of several in flight at once
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)  # many chunks: sentences of several in flight at once
     lines = sentences * 7
     source = tmp_path / "in.txt"
     source.write_text("".join(" ".join(s) + "\n" for s in lines))

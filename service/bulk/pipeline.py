@@ -23,11 +23,12 @@ import mmap
 import multiprocessing
 import os
 import queue
+import secrets
 import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,43 +36,11 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
+from service.bulk.inputs import ALL_LINES, BadLine, InputError, Shard, Span, read_sentences
 from service.engine.packing import PackedRows
 from service.engine.session import Engine
 
 CHUNK_BATCHES = 32  # sort this many batches' worth of lines at a time: little padding, bounded memory
-
-
-class InputError(ValueError):
-    """A line of the input file that cannot be embedded; the message names the line."""
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Shard `index` of `count` (0 <= index < count): the lines k with k mod count == index."""
-
-    index: int = 0
-    count: int = 1
-
-    def __post_init__(self):
-        if not 0 <= self.index < self.count:
-            raise ValueError(f"{self.index}/{self.count}: expected i/n with 0 <= i < n (shards count from 0)")
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        """The shard written "i/n" on the command line, e.g. "0/4" for the first of four."""
-        index, slash, count = text.partition("/")
-        if not (slash and index.isdecimal() and count.isdecimal()):
-            raise ValueError(f"{text!r}: expected i/n, two whole numbers with 0 <= i < n (e.g. 0/4)")
-        return cls(int(index), int(count))
-
-    def __contains__(self, line_index: int) -> bool:
-        return line_index % self.count == self.index
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-
-ALL_LINES = Shard()
 
 
 @dataclass(frozen=True)
@@ -84,6 +53,8 @@ class Output:
     layers: str = "all"
     sentence_keys: bool = False
     forget_sentences: bool = False
+    format: str = "hdf5"  # or "parquet": a Parquet file of a row per line (service/bulk/parquet.py)
+    about: str = ""  # JSON: the model and flags that made the file (its "elmo_embed" attribute; `merge` reads it)
 
     def select(self, layers: np.ndarray) -> np.ndarray:
         if self.layers == "top":
@@ -94,40 +65,6 @@ class Output:
 
 
 ALL_LAYERS = Output()
-
-
-def read_sentences(path: str | Path, shard: Shard = ALL_LINES) -> Iterator[tuple[int, list[str], str, int]]:
-    """(line index, tokens, text, bytes read) per line of the shard, from a .txt (whitespace-tokenized) or
-    .jsonl (JSON list of tokens). Line indexes count from 0; bytes read include the other shards' lines
-    since the last one yielded. Lines of other shards are skipped unread: a bad line stops only its shard."""
-    path = Path(path)
-    jsonl = path.suffix == ".jsonl"
-    skipped = 0
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if number - 1 not in shard:
-                skipped += len(raw)
-                continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise InputError(f"{path}:{number}: not UTF-8 ({err.reason} at byte {err.start})") from None
-            if jsonl:
-                try:
-                    tokens = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise InputError(f"{path}:{number}: not JSON ({err.msg})") from None
-                if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-                    raise InputError(f"{path}:{number}: expected a JSON list of token strings")
-                text = " ".join(tokens)
-            else:
-                text = line.strip()
-                tokens = text.split()
-            if not tokens:
-                # allennlp 0.9's `elmo` refuses the whole file too (ConfigurationError naming the empty lines)
-                raise InputError(f"{path}:{number}: empty sentence (remove the line, as allennlp asks)")
-            yield number - 1, tokens, text, skipped + len(raw)
-            skipped = 0
 
 
 def plan_batches(lengths: Iterable[int], batch_tokens: int) -> list[list[int]]:
@@ -145,7 +82,7 @@ def plan_batches(lengths: Iterable[int], batch_tokens: int) -> list[list[int]]:
 
 def embed_file(
     engine: Engine,
-    input_path: str | Path,
+    source: str | Path | Sequence[Span],
     output_path: str | Path,
     batch_tokens: int = 4096,
     progress: bool = True,
@@ -153,9 +90,14 @@ def embed_file(
     output: Output = ALL_LAYERS,
     dtype: str = "float32",
     writer: str = "auto",
+    on_bad: BadLine | None = None,
 ) -> dict:
-    """Embed every line of input_path (of the shard) into output_path, each dataset of `dtype` (float32, or
-    float16: half the bytes); returns counts and timing.
+    """Embed every line of `source` (an input file, or spans of input files: service/bulk/inputs.py) of the shard
+    into output_path, each dataset of `dtype` (float32, or float16: half the bytes); returns counts and timing.
+    A bad line stops the run naming it, or, with `on_bad`, is handed to it and skipped.
+
+    The output appears whole or not at all: it is written to a file of an unpredictable name beside it, created
+    exclusively (never through a link planted there), synced to disk with its folder, and renamed over output_path.
 
     `writer` "process": the hdf5 file is written by a process of its own (`_WriterProcess`), fed through shared
     memory, so that h5py's time per dataset does not share this process's interpreter lock with the pipeline;
@@ -171,18 +113,19 @@ def embed_file(
     runs, so on a GPU the others work while the device does. The first failure in any of them (a bad line, an
     engine error, a full disk, KeyboardInterrupt) stops all four and removes the .partial."""
     output_path = Path(output_path)
-    partial = output_path.with_name(output_path.name + ".partial")
+    spans = [Span(str(source))] if isinstance(source, str | Path) else list(source)
+    refuse_output(output_path)
+    partial = partial_name(output_path)
     started = time.perf_counter()
     desc = "elmo-embed" if shard == ALL_LINES else f"elmo-embed {shard}"
-    size = os.path.getsize(input_path)
-    bar = tqdm(total=size, unit="B", unit_scale=True, disable=not progress, desc=desc)
+    bar = tqdm(total=sum(span.size for span in spans), unit="B", unit_scale=True, disable=not progress, desc=desc)
     stop = threading.Event()
     planned: queue.Queue = queue.Queue(READ_AHEAD_CHUNKS)
     finished: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
     assembled: queue.Queue = queue.Queue(WRITE_BEHIND_BATCHES)
-    reader = _Stage(stop, _read_ahead, input_path, shard, batch_tokens, planned, stop)
+    reader = _Stage(stop, _read_ahead, spans, shard, batch_tokens, planned, stop, on_bad)
     early = _assembled_dtype(output, dtype)
-    in_process = _writer_process_chosen(writer)
+    in_process = _writer_process_chosen(writer) and output.format == "hdf5"
     process, stages = None, (reader,)
     try:
         # forked before any stage's thread starts: a fork copies no other thread (nor a lock one of them would hold)
@@ -191,7 +134,8 @@ def embed_file(
             assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
         else:
             assembler = _Stage(stop, _assemble_into, finished, assembled, stop, process, output, early, np.dtype(dtype))
-        writing = _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype), process)
+        sink = _write_parquet if output.format == "parquet" else _write_behind
+        writing = _Stage(stop, sink, partial, assembled, stop, bar, started, output, np.dtype(dtype), process)
         stages = (reader, assembler, writing)
         for stage in stages:
             stage.start()
@@ -201,7 +145,7 @@ def embed_file(
         writing.join()
         if (error := assembler.error or writing.error) is not None:
             raise error
-        os.replace(partial, output_path)
+        replace_synced(partial, output_path)
     except BaseException as err:
         stop.set()  # every queue operation and stage loop checks it: the other threads end within POLL_S
         for stage in stages:
@@ -222,6 +166,36 @@ def embed_file(
     sentences, tokens_total = writing.result
     seconds = time.perf_counter() - started
     return {"sentences": sentences, "tokens": tokens_total, "seconds": seconds, "tokens_per_s": tokens_total / seconds}
+
+
+def refuse_output(path: Path) -> None:
+    """Refuse, before any work, an output path that cannot be replaced by a file: a folder, or one in no folder."""
+    if path.is_dir():
+        raise InputError(f"{path}: a folder; give the output file's path")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path.parent}: no such folder for the output")
+
+
+def partial_name(path: Path) -> Path:
+    """A fresh, unpredictable name beside `path` for it to be written under (created exclusively by its writer:
+    a name planted in a shared folder cannot redirect the write)."""
+    return path.with_name(f"{path.name}.{secrets.token_hex(8)}.partial")
+
+
+def replace_synced(partial: Path, path: Path) -> None:
+    """`partial`'s bytes on disk, then renamed over `path`, the rename on disk too: a crash leaves the old file
+    or the new one, never a file of the right name that is not whole."""
+    fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(partial, path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def _assembled_dtype(output: Output, dtype: str) -> np.dtype:
@@ -249,7 +223,7 @@ def _embed_batches(engine: Engine, planned: queue.Queue, finished: queue.Queue, 
         chunk, batches = planned_chunk
         for batch in batches:
             layers = engine.run([chunk[i][1] for i in batch])
-            _put(finished, ([chunk[i][0] for i in batch], layers), stop)
+            _put(finished, ([chunk[i] for i in batch], layers), stop)
         _put(finished, chunk, stop)  # the chunk is all embedded: index it and move the progress bar
 
 
@@ -269,7 +243,7 @@ def _embed_packed(engine: Engine, planned: queue.Queue, finished: queue.Queue, s
             chunk = planned_chunk[0]
             left = [len(chunk)]
             chunks.append([chunk, left])
-            packed.admit((line[1] for line in chunk), ((line[0], left) for line in chunk))
+            packed.admit((line[1] for line in chunk), ((line, left) for line in chunk))
         if not packed.busy:
             break
         done = packed.step()
@@ -338,9 +312,10 @@ def _get(q: queue.Queue, stop: threading.Event):
     raise _Stopped
 
 
-def _read_ahead(input_path, shard: Shard, batch_tokens: int, planned: queue.Queue, stop: threading.Event) -> None:
+def _read_ahead(spans: list[Span], shard: Shard, batch_tokens: int, planned: queue.Queue, stop: threading.Event,
+                on_bad: BadLine | None) -> None:  # fmt: skip
     """Reader stage: each chunk of the shard's lines and its batches, in input order, then _END."""
-    with contextlib.closing(read_sentences(input_path, shard)) as lines:
+    with contextlib.closing(read_sentences(spans, shard, on_bad)) as lines:
         for chunk in _chunks(_until(stop, lines), CHUNK_BATCHES * batch_tokens):
             _put(planned, (chunk, plan_batches((len(line[1]) for line in chunk), batch_tokens)), stop)
     _put(planned, _END, stop)
@@ -395,39 +370,72 @@ def _write_behind(
     no sentence can name (a line holds no newline) and moved to its sentence at the end (a link's move, no
     copy): a batch's text reaches this stage only after its layers. With a writer `process`, the datasets went to
     it from the assembler: this stage counts the chunks, and hands it sentence_to_index at the end."""
-    sentence_to_index: dict[str, str] = {}
-    sentences = tokens_total = 0
-    with contextlib.nullcontext() if process is not None else h5py.File(partial, "w") as out:
+    tally = _Tally(output, bar, started)
+    with contextlib.nullcontext() if process is not None else h5py.File(partial, "x") as out:
         write = _dataset_writer(out) if out is not None else None
         if output.sentence_keys and out is not None:
             out.create_group(PENDING)
         while (item := _get(finished, stop)) is not _END:
             if isinstance(item, list):  # a chunk, all of whose batches came before it
-                for line_index, tokens, text, read in item:
-                    if output.sentence_keys and text in sentence_to_index:  # allennlp's words
-                        raise InputError(f"line {line_index}: key already exists: to encode duplicate sentences, "
-                                         "do not pass --use-sentence-keys")  # fmt: skip
-                    sentence_to_index[text] = str(line_index)  # in line order: a repeated sentence keeps its last
-                    sentences += 1
-                    tokens_total += len(tokens)
-                    bar.update(read)
-                bar.set_postfix(tokens_per_s=f"{tokens_total / (time.perf_counter() - started):.0f}")
+                tally.add(item)
                 continue
-            for line_index, layers in zip(*item, strict=True):
+            for (line_index, *_), layers in zip(*item, strict=True):
                 if stop.is_set():  # another stage failed: this file is about to be removed
                     raise _Stopped
                 name = f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index)
                 write(name, np.ascontiguousarray(output.select(layers), dtype))
         bar.update(bar.total - bar.n)  # the other shards' lines after this shard's last one
         if process is not None:
-            process.finish(sentence_to_index)
+            process.finish(tally.sentence_to_index)
         else:
-            _finish_file(out, output, sentence_to_index)
-    return sentences, tokens_total
+            _finish_file(out, output, tally.sentence_to_index)
+    return tally.sentences, tally.tokens
+
+
+def _write_parquet(partial: Path, finished: queue.Queue, stop: threading.Event, bar: tqdm, started: float,
+                   output: Output, dtype: np.dtype, process: None = None):  # fmt: skip
+    """Writer stage of --format parquet: a row per line (service/bulk/parquet.py), in the order the lines finish
+    (their `line` column says where each was). Returns the sentences and tokens written."""
+    from service.bulk.parquet import PartWriter  # pyarrow: the `ray` extra's, loaded only for Parquet
+
+    tally = _Tally(output, bar, started)
+    with PartWriter(partial, output, dtype) as part:
+        while (item := _get(finished, stop)) is not _END:
+            if isinstance(item, list):
+                tally.add(item)
+                continue
+            for (line_index, tokens, text, _), layers in zip(*item, strict=True):
+                if stop.is_set():
+                    raise _Stopped
+                part.add(line_index, tokens, text, np.ascontiguousarray(output.select(layers), dtype))
+    bar.update(bar.total - bar.n)
+    return tally.sentences, tally.tokens
+
+
+class _Tally:
+    """The writer's count of a finished chunk's lines: sentences, tokens, sentence_to_index, the progress bar."""
+
+    def __init__(self, output: Output, bar: tqdm, started: float):
+        self.output, self.bar, self.started = output, bar, started
+        self.sentence_to_index: dict[str, str] = {}
+        self.sentences = self.tokens = 0
+
+    def add(self, chunk: list) -> None:
+        for line_index, tokens, text, read in chunk:
+            if self.output.sentence_keys and text in self.sentence_to_index:  # allennlp's words
+                raise InputError(f"line {line_index}: key already exists: to encode duplicate sentences, "
+                                 "do not pass --use-sentence-keys")  # fmt: skip
+            self.sentence_to_index[text] = str(line_index)  # in line order: a repeated sentence keeps its last
+            self.sentences += 1
+            self.tokens += len(tokens)
+            self.bar.update(read)
+        self.bar.set_postfix(tokens_per_s=f"{self.tokens / (time.perf_counter() - self.started):.0f}")
 
 
 def _finish_file(out: h5py.File, output: Output, sentence_to_index: dict[str, str]) -> None:
-    """What follows the datasets: their moves to their sentences' names, or sentence_to_index."""
+    """What follows the datasets: their moves to their sentences' names, or sentence_to_index; what made the file."""
+    if output.about:
+        out.attrs["elmo_embed"] = output.about
     if output.sentence_keys:
         for text, line_index in sentence_to_index.items():
             out.move(f"{PENDING}/{line_index}", text)  # a "/" in it makes groups, as allennlp's create_dataset
@@ -454,7 +462,7 @@ def _assemble_into(finished: queue.Queue, assembled: queue.Queue, stop: threadin
         if isinstance(item, list):  # a chunk
             _put(assembled, item, stop)
             continue
-        for line_index, x in zip(*item, strict=True):
+        for (line_index, *_), x in zip(*item, strict=True):
             if stop.is_set():
                 raise _Stopped
             name = f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index)
@@ -592,7 +600,7 @@ def _write_process(partial: Path, output: Output, ring: mmap.mmap, commands, rep
     for end in parents:
         end.close()
     try:
-        with h5py.File(partial, "w") as out:
+        with h5py.File(partial, "x") as out:
             write = _dataset_writer(out)
             if output.sentence_keys:
                 out.create_group(PENDING)

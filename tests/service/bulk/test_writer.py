@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-import service.bulk
+import service.bulk.pipeline
 from service.bulk import Output, WriterError, embed_file
 
 
@@ -49,9 +49,9 @@ def datasets(path) -> dict[str, tuple]:
 )
 def test_the_writer_process_writes_the_thread_writers_file(engine, window_engine, sentences, tmp_path, monkeypatch,
                                                            graph, output, dtype, block_bytes):  # fmt: skip
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)  # many chunks and batches
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)  # many chunks and batches
     if block_bytes:
-        monkeypatch.setattr("service.bulk.BLOCK_BYTES", block_bytes)  # the forked process sees it too
+        monkeypatch.setattr("service.bulk.pipeline.BLOCK_BYTES", block_bytes)  # the forked process sees it too
     source = tmp_path / "in.txt"
     lines = sentences * 3 if not output.sentence_keys else sentences  # sentence keys refuse a repeated line
     source.write_text("".join(" ".join(s) + "\n" for s in lines))
@@ -78,7 +78,7 @@ class FailingWrites:
 
     def __init__(self, at: int, error: BaseException | None = None, exit: int | None = None):
         self.at, self.error, self.exit = at, error, exit
-        self.real = service.bulk._dataset_writer
+        self.real = service.bulk.pipeline._dataset_writer
 
     def __call__(self, out):
         write, count = self.real(out), [0]
@@ -99,8 +99,9 @@ class FailingWrites:
 @pytest.mark.parametrize("graph", ["loop", "window"])
 def test_an_error_in_the_writer_process_fails_elmo_embed_with_it(engine, window_engine, sentences, tmp_path,
                                                                  monkeypatch, graph):  # fmt: skip
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)
-    monkeypatch.setattr("service.bulk._dataset_writer", FailingWrites(50, OSError(28, "No space left on device")))
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)
+    full = OSError(28, "No space left on device")
+    monkeypatch.setattr("service.bulk.pipeline._dataset_writer", FailingWrites(50, full))
     source = tmp_path / "in.txt"
     source.write_text("".join(" ".join(s) + "\n" for s in sentences * 10))
     threads, start = threading.active_count(), time.perf_counter()
@@ -115,8 +116,8 @@ def test_an_error_in_the_writer_process_fails_elmo_embed_with_it(engine, window_
 
 
 def test_a_writer_process_that_dies_is_named(engine, sentences, tmp_path, monkeypatch):
-    monkeypatch.setattr("service.bulk.CHUNK_BATCHES", 1)
-    monkeypatch.setattr("service.bulk._dataset_writer", FailingWrites(20, exit=7))
+    monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)
+    monkeypatch.setattr("service.bulk.pipeline._dataset_writer", FailingWrites(20, exit=7))
     source = tmp_path / "in.txt"
     source.write_text("".join(" ".join(s) + "\n" for s in sentences * 10))
     threads, start = threading.active_count(), time.perf_counter()
@@ -134,7 +135,7 @@ def test_a_folder_that_does_not_exist_is_the_writer_process_error(engine, senten
 
 
 def test_the_writer_on_the_command_line(tiny_model_dir, sentences, tmp_path):
-    from tests.service.test_bulk import embed_cli
+    from tests.service.bulk.test_pipeline import embed_cli
 
     source = tmp_path / "in.txt"
     source.write_text("".join(" ".join(s) + "\n" for s in sentences))
@@ -150,7 +151,7 @@ def test_a_writer_process_whose_parent_is_gone_ends(tmp_path):
     # a parent that is killed closes nothing itself: the kernel closes its ends of the pipes. The process held the
     # commands' sending end too (inherited at the fork) and so waited for a command for ever (a review found it);
     # here the parent's ends are closed as a kill would close them
-    writer = service.bulk._WriterProcess(tmp_path / "out.hdf5.partial", Output(), threading.Event())
+    writer = service.bulk.pipeline._WriterProcess(tmp_path / "out.hdf5.partial", Output(), threading.Event())
     try:
         assert writer.process.is_alive()
         writer._commands.close()
