@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import hashlib
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +17,8 @@ from pathlib import Path
 
 from service import __version__
 from service.bulk import ALL_LINES, InputError, Output, Shard, embed_file
+from service.bulk.inputs import expand, split, whole_files
+from service.bulk.parts import PART_LINES, Job, about, merge, part_lines
 from service.engine import canary
 from service.engine.session import Engine
 from service.logs import configure as configure_logs
@@ -30,23 +36,44 @@ def _shard(text: str) -> Shard:
 def _embed_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elmo-embed",
-        description="Embed a file of sentences (.txt: one whitespace-tokenized sentence per line; "
-        ".jsonl: one JSON list of tokens per line) into hdf5, one dataset per line. Takes allennlp 0.9's "
-        "`allennlp elmo` flags with their meaning (docs/allennlp.md).",
+        description="Embed files of sentences (.txt: one whitespace-tokenized sentence per line; "
+        ".jsonl: one JSON list of tokens per line) into hdf5, one dataset per line, or Parquet, a row per line; "
+        "on this machine, or on a Ray cluster (--engine ray). Takes allennlp 0.9's `allennlp elmo` flags with "
+        "their meaning (docs/allennlp.md). `elmo-embed merge PARTS... OUTPUT` joins --shard outputs.",
     )
     parser.add_argument("--version", action="version", version=f"elmo-embed {__version__}")
     parser.add_argument(
         "--model", default=DEFAULT_MODEL_DIR, help="folder written by elmo-export (default: the embedded default model)"
     )
-    parser.add_argument("input", help="input .txt or .jsonl")
-    parser.add_argument("output", help="output .hdf5")
+    parser.add_argument("input", nargs="+", help="input .txt or .jsonl files, or globs; lines are counted from 0 "
+                        "over all of them, in order")  # fmt: skip
+    parser.add_argument("output", help="output .hdf5 file, or with --format parquet a folder")
+    parser.add_argument("--format", default="hdf5", choices=["hdf5", "parquet"],
+                        help="hdf5: allennlp's layout, one file (default); parquet: a folder of part files, a row "
+                        "per line (pyarrow, pandas, DuckDB, Spark read it)")  # fmt: skip
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="a line that cannot be embedded (empty, not UTF-8, not a JSON list) is skipped and listed "
+                        "in OUTPUT.bad-lines.jsonl, instead of stopping the run")  # fmt: skip
+    cluster = parser.add_argument_group("on a Ray cluster (pip install 'elmo-service[ray]')")
+    cluster.add_argument("--engine", default="local", choices=["local", "ray"],
+                         help="local: this process (default); ray: a pool of Ray actors, an engine each")  # fmt: skip
+    cluster.add_argument("--address", help="the Ray cluster: auto (the one this machine is part of) or HOST:PORT; "
+                         "default: a local Ray, started and stopped by this run")  # fmt: skip
+    cluster.add_argument("--actors", type=int, help="engines (Ray actors); default: as many as the cluster's CPUs "
+                         "(or GPUs) allow")  # fmt: skip
+    cluster.add_argument("--gpus-per-actor", type=float, default=0, help="GPUs each actor takes (default 0: the CPU)")
+    cluster.add_argument("--resume", action="store_true", help="continue a run that was stopped: only the parts not "
+                         "written whole are embedded again")  # fmt: skip
+    cluster.add_argument("--part-lines", type=int, default=PART_LINES, help=f"lines a part at most (default "
+                         f"{PART_LINES}): the unit of retry and of --resume")  # fmt: skip
     parser.add_argument(
         "--batch-tokens",
         type=int,
         help="padded tokens per batch (default: 4096 on the CPU, 65536 on CUDA)",
     )
     parser.add_argument("--provider", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
+    parser.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default 0: one per core; with "
+                        "--engine ray, 1 an actor, and the CPUs each actor takes)")  # fmt: skip
     parser.add_argument(
         "--precision",
         default="fp32",
@@ -109,7 +136,7 @@ BATCH_SIZE_TOKENS = 64
 
 def _embed_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """The command line, allennlp's flags turned into the engine's (provider, device, batch budget, model)."""
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags anywhere, between the inputs and after the output too
     if args.batch_size is not None:
         if args.batch_tokens is not None:
             parser.error("--batch-size and --batch-tokens both set the batch: give one")
@@ -125,48 +152,163 @@ def _embed_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argp
     if (args.options_file is None) != (args.weight_file is None):
         parser.error("--options-file and --weight-file go together (or --model, a folder written by elmo-export)")
     args.no_progress = args.no_progress or args.file_friendly_logging
-    args.output_kind = Output(args.layers or "all", args.use_sentence_keys, args.forget_sentences)
+    if args.engine == "local":
+        for flag, value in (("--address", args.address), ("--actors", args.actors),
+                            ("--gpus-per-actor", args.gpus_per_actor)):  # fmt: skip
+            if value:
+                parser.error(f"{flag} is for --engine ray")
+    else:
+        if args.shard != ALL_LINES:
+            parser.error("--shard is for --engine local: a Ray run splits the input into parts itself")
+        if args.actors is not None and args.actors < 1:
+            parser.error("--actors must be at least 1")
+        if args.gpus_per_actor < 0:
+            parser.error("--gpus-per-actor must be 0 or more")
+    if args.threads is not None and args.threads < (0 if args.engine == "local" else 1):
+        parser.error(f"--threads must be at least {0 if args.engine == 'local' else 1}")
+    if args.part_lines < 1:
+        parser.error("--part-lines must be at least 1")
+    if args.format == "parquet" and (args.use_sentence_keys or args.forget_sentences):
+        parser.error("--use-sentence-keys and --forget-sentences are hdf5's: Parquet has a sentence column")
+    args.output_kind = Output(args.layers or "all", args.use_sentence_keys, args.forget_sentences, args.format)
     return args
 
 
 def embed_main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["merge"]:
+        return merge_main(argv[1:])
     args = _embed_args(_embed_parser(), argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)  # what Slurm, Kubernetes and `timeout` send
+    jobs: list[Job] = []  # the job of parts, where the run has one (--engine ray, Parquet, --resume)
     try:
+        inputs = expand(args.input)
         if args.options_file is not None:
             args.model = exported_model(args.options_file, args.weight_file)
-        engine = Engine(
-            args.model,
-            provider=args.provider,
-            intra_op_threads=args.threads,
-            precision=args.precision,
-            device_id=args.device_id,
-            cuda_graphs=args.cuda_graphs,
-        )
-        report = canary.check(engine, canary.MARGIN)
-        print(f"elmo-embed: {report.describe()}", file=sys.stderr)
-        if report.checked and not report.passed and args.canary == "refuse":
-            raise canary.CanaryMismatch("the canaries disagree (--canary warn embeds anyway)")
-        batch_tokens = args.batch_tokens or default_batch_tokens(engine.provider)
-        stats = embed_file(
-            engine,
-            args.input,
-            args.output,
-            batch_tokens,
-            progress=not args.no_progress,
-            shard=args.shard,
-            output=args.output_kind,
-            dtype=args.dtype,
-            writer=args.writer,
-        )
+        flags = {"layers": args.output_kind.layers, "sentence_keys": args.use_sentence_keys,
+                 "forget_sentences": args.forget_sentences, "precision": args.precision,
+                 "dtype": args.dtype}  # fmt: skip
+        if args.shard.count > 1:
+            flags["shard"] = str(args.shard)
+        output = dataclasses.replace(args.output_kind, about=about(args.model, **flags))
+        bad: list = []
+        stats = (_embed_on_ray if args.engine == "ray" else _embed_here)(args, inputs, output, bad, jobs)
+        for job in jobs:
+            job.finish()
+        if args.skip_bad_lines:
+            _write_bad_lines(Path(f"{args.output}.bad-lines.jsonl"), bad)
+    except (KeyboardInterrupt, _Terminated) as stop:
+        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+        if jobs:
+            job = jobs[0]
+            left = len(job.todo())
+            kept = f"{len(job.parts) - left} of {len(job.parts)} parts kept in {job.folder}: the same command with " \
+                   "--resume continues"  # fmt: skip
+        else:
+            kept = "nothing written"
+        print(f"elmo-embed: stopped by {name}: {kept}", file=sys.stderr)
+        return 130 if name == "SIGINT" else 143
     except (InputError, FileNotFoundError, RuntimeError, ValueError, OSError) as err:
         print(f"elmo-embed: {err}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for job in jobs:
+            job.close()
     of_shard = f" of shard {args.shard}" if args.shard.count > 1 else ""
+    skipped = f", {len(bad)} bad lines skipped (-> {args.output}.bad-lines.jsonl)" if args.skip_bad_lines else ""
     print(
         f"embedded {stats['sentences']} sentences{of_shard}, {stats['tokens']} tokens in {stats['seconds']:.1f} s "
-        f"({stats['tokens_per_s']:.0f} tokens/s) -> {args.output}",
+        f"({stats['tokens_per_s']:.0f} tokens/s){skipped} -> {args.output}",
         file=sys.stderr,
     )
+    if args.engine == "ray":
+        print(f"elmo-embed: {stats['parts']} parts ({stats['parts_done_before']} written before), {stats['actors']} "
+              f"actors on {stats['nodes']} nodes; peak memory: driver {stats['driver_rss_mb']:.0f} MB, a worker "
+              f"{stats['workers_rss_mb']:.0f} MB", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread as KeyboardInterrupt is for SIGINT: the run's cleanup runs either way."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated
+
+
+def _embed_here(args, inputs: list[str], output: Output, bad: list, jobs: list[Job]) -> dict:
+    """This process's run: one output file straight from the pipeline, or (Parquet, --resume) the job's parts in
+    turn."""
+    engine = Engine(args.model, provider=args.provider, intra_op_threads=args.threads or 0, precision=args.precision,
+                    device_id=args.device_id, cuda_graphs=args.cuda_graphs)  # fmt: skip
+    report = canary.check(engine, canary.MARGIN)
+    print(f"elmo-embed: {report.describe()}", file=sys.stderr)
+    if report.checked and not report.passed and args.canary == "refuse":
+        raise canary.CanaryMismatch("the canaries disagree (--canary warn embeds anyway)")
+    batch_tokens = args.batch_tokens or default_batch_tokens(engine.provider)
+    on_bad = (lambda *line: bad.append(line)) if args.skip_bad_lines else None
+    run = functools.partial(embed_file, engine, batch_tokens=batch_tokens, progress=not args.no_progress,
+                            shard=args.shard, output=output, dtype=args.dtype, writer=args.writer,
+                            on_bad=on_bad)  # fmt: skip
+    if output.format == "hdf5" and not args.resume:
+        return run(whole_files(inputs), args.output)
+    job = Job(Path(args.output), output.format, inputs, output.about, args.part_lines if args.resume else 1 << 62,
+              args.resume)  # fmt: skip
+    jobs.append(job)
+    totals = {"sentences": 0, "tokens": 0, "seconds": 0.0}
+    for part in job.todo():
+        stamp = json.dumps({**json.loads(output.about), "part": part.index}, sort_keys=True)
+        stats = run([part.span], job.path(part), output=dataclasses.replace(output, about=stamp))
+        totals = {key: totals[key] + stats[key] for key in totals}
+    return {**totals, "tokens_per_s": totals["tokens"] / max(totals["seconds"], 1e-9)}
+
+
+def _embed_on_ray(args, inputs: list[str], output: Output, bad: list, jobs: list[Job]) -> dict:
+    """The job's parts on a Ray cluster (service/bulk/on_ray.py), a part at most --part-lines lines, and at least
+    four parts an actor."""
+    try:
+        from service.bulk import on_ray
+    except ImportError as err:
+        raise RuntimeError(f"--engine ray needs Ray: pip install 'elmo-service[ray]' ({err})") from None
+    cluster = on_ray.Cluster(args.address, args.actors, args.threads or 1, args.gpus_per_actor)
+    engine = on_ray.EngineArgs(str(args.model), args.provider, args.precision, args.device_id, args.cuda_graphs,
+                               args.batch_tokens, args.canary)  # fmt: skip
+    with on_ray.connected(cluster) as cluster:
+        lines = sum(span.lines or 0 for span in split(inputs, 1 << 62))
+        job = Job(Path(args.output), output.format, inputs, output.about,
+                  part_lines(lines, cluster.actors, args.part_lines), args.resume)  # fmt: skip
+        jobs.append(job)
+        stats = on_ray.embed_on_ray(job, engine, output, args.dtype, cluster, args.skip_bad_lines,
+                                    not args.no_progress)  # fmt: skip
+    bad += stats["bad"]
+    return stats
+
+
+def _write_bad_lines(path: Path, bad: list) -> None:
+    """The lines skipped (--skip-bad-lines), a JSON object a line: file, line number (from 1), line index, why."""
+    with open(path, "w") as f:
+        for file, number, index, reason in sorted(bad, key=lambda line: line[2]):
+            f.write(json.dumps({"file": file, "line_number": number, "line": index, "reason": reason}) + "\n")
+
+
+def merge_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="elmo-embed merge",
+        description="Join the hdf5 outputs of `elmo-embed --shard I/N` runs into the one file an unsharded run "
+        "writes (every dataset as it is, sentence_to_index joined). Refuses outputs of different models or flags, "
+        "a set of shards that is not whole, or a line in two of them, naming them.",
+    )
+    parser.add_argument("parts", nargs="+", help="the shards' .hdf5 outputs (or globs)")
+    parser.add_argument("output", help="the merged .hdf5")
+    args = parser.parse_args(argv)
+    try:
+        parts = expand(args.parts)
+        done = merge(parts, args.output)
+    except (InputError, FileNotFoundError, OSError) as err:
+        print(f"elmo-embed merge: {err}", file=sys.stderr)
+        return 1
+    print(f"merged {done['files']} files, {done['datasets']} datasets -> {args.output}", file=sys.stderr)
     return 0
 
 

@@ -101,8 +101,9 @@ def split(paths: Sequence[str], lines: int) -> list[Span]:
                     if count % lines == 0:
                         starts.append(position + int(newline) + 1)
                 position += len(block)
-            ends_open = position > 0 and (f.seek(position - 1) or f.read(1)) != b"\n"
-        count += ends_open  # the last line has no newline
+            if position > 0:
+                f.seek(position - 1)
+                count += f.read(1) != b"\n"  # a last line without a newline
         if starts[-1] == position:  # the file ends where a span would start
             starts.pop()
         for i, start in enumerate(starts):

@@ -134,8 +134,15 @@ def embed_file(
             assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
         else:
             assembler = _Stage(stop, _assemble_into, finished, assembled, stop, process, output, early, np.dtype(dtype))
-        sink = _write_parquet if output.format == "parquet" else _write_behind
-        writing = _Stage(stop, sink, partial, assembled, stop, bar, started, output, np.dtype(dtype), process)
+        if output.format == "parquet":
+            shape = (engine.num_layers, engine.dim)
+            writing = _Stage(
+                stop, _write_parquet, partial, assembled, stop, bar, started, output, np.dtype(dtype), shape
+            )
+        else:
+            writing = _Stage(
+                stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype), process
+            )
         stages = (reader, assembler, writing)
         for stage in stages:
             stage.start()
@@ -393,13 +400,13 @@ def _write_behind(
 
 
 def _write_parquet(partial: Path, finished: queue.Queue, stop: threading.Event, bar: tqdm, started: float,
-                   output: Output, dtype: np.dtype, process: None = None):  # fmt: skip
+                   output: Output, dtype: np.dtype, shape: tuple[int, int]):  # fmt: skip
     """Writer stage of --format parquet: a row per line (service/bulk/parquet.py), in the order the lines finish
     (their `line` column says where each was). Returns the sentences and tokens written."""
     from service.bulk.parquet import PartWriter  # pyarrow: the `ray` extra's, loaded only for Parquet
 
     tally = _Tally(output, bar, started)
-    with PartWriter(partial, output, dtype) as part:
+    with PartWriter(partial, output, dtype, shape) as part:
         while (item := _get(finished, stop)) is not _END:
             if isinstance(item, list):
                 tally.add(item)
