@@ -99,8 +99,9 @@ class PartEmbedder:
                                    progress=False, output=Output(**{**job["output"], "about": stamp}),
                                    dtype=job["dtype"], writer="thread", on_bad=on_bad)  # fmt: skip
                 row.update(sentences=stats["sentences"], tokens=stats["tokens"], bad=json.dumps(bad))
-            except InputError as err:
-                row["error"] = str(err)
+            except InputError as err:  # a bad line: the job stops, and may go on without it
+                row["error"] = (f"{err}; the parts written are kept in {job['folder']}: --resume --skip-bad-lines "
+                                "goes on without that line")  # fmt: skip
         row["seconds"] = time.perf_counter() - started
         row["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return row
