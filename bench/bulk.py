@@ -135,7 +135,19 @@ def main() -> None:
     parser.add_argument("--busy-cores", type=float, default=0.0, help="cores other processes keep busy throughout")
     parser.add_argument("--allennlp-python", type=Path, default=Path("/work/allennlp-venv/bin/python"))
     parser.add_argument("--made-up", type=int, default=0, help="N sentences of distinct made-up words instead")
+    parser.add_argument("--engine", default="allennlp", choices=["allennlp", "ray"],
+                        help="allennlp: elmo-embed against allennlp (default); ray: --engine ray against the local run "
+                        "(bench/bulk_ray.py)")  # fmt: skip
+    parser.add_argument("--actors", type=int, default=2, help="with --engine ray: the Ray run's actors, 1 thread each")
+    parser.add_argument("--memory-lines", type=int, default=200_000,
+                        help="with --engine ray: the lines of the memory run (0: none)")  # fmt: skip
     args = parser.parse_args()
+    if args.engine == "ray":
+        from bench import bulk_ray
+
+        bulk_ray.main(argparse.Namespace(**{**vars(args), "made_up": args.made_up or 720}), elmo_embed_command(),
+                      alternate)  # fmt: skip
+        return
 
     folder = full_size_model()
     opt = load_options(folder / "options.json")
