@@ -1,4 +1,5 @@
-"""Dynamic batching: many concurrent requests share the engine. Owns the policy, nothing else.
+"""Dynamic batching: many concurrent requests share the engine. The policy (the queue and its turns, the token
+budgets, which sentences join the next window) and the engine thread that applies it, with its retries:
 
 * Each request's sentences wait in a queue bounded in tokens: a request that does not fit is refused at once
   (`QueueFull`: 503 with Retry-After), never left to pile up; one larger than the whole queue could never fit
