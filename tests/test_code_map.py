@@ -91,20 +91,27 @@ def test_every_path_the_map_names_exists():
 
 
 def cited() -> list[tuple[str, str]]:
-    """(where, path) for every file of the code cited by path, and every module run with `python -m`, in the README,
-    the docs and the code's own .py files."""
+    """(where, path) for every file of the code cited by path, and every module run with `python -m` (its dotted
+    name as a path, without .py), in the README, the docs and the code's own .py files."""
     sources = DOCS + [path for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))]
     found = []
     for source in sources:
         text = source.read_text()
         where = source.relative_to(REPO).as_posix()
         found += [(where, path) for path in CITED.findall(text)]
-        found += [(where, name.replace(".", "/") + ".py") for name in RUN.findall(text)]
+        found += [(where, name.replace(".", "/")) for name in RUN.findall(text)]  # a module or a package
     return found
 
 
 def test_every_file_the_docs_and_docstrings_cite_exists():
     citations = cited()
     assert len(citations) > 100  # the scan reads what it should
-    missing = sorted({f"{where}: {path}" for where, path in citations if not (REPO / path).exists()})
+    missing = sorted({f"{where}: {path}" for where, path in citations if not _exists(path)})
     assert missing == [], missing
+
+
+def _exists(path: str) -> bool:
+    """A file cited by path; a module run with `python -m` (no .py): its file, or its package's __main__.py."""
+    if path.endswith(".py"):
+        return (REPO / path).exists()
+    return (REPO / f"{path}.py").exists() or (REPO / path / "__main__.py").exists()
