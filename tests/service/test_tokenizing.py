@@ -1,6 +1,6 @@
 """The tokenizing threads (service/tokenizing.py) without a server: texts are tokenized a text at a time in turns by
 address, an address's characters in line are bounded (one request alone always taken), a request whose client has
-gone leaves the line, and an error reaches its request. tests/e2e/test_hardening_five.py checks them on a real
+gone leaves the line, and an error reaches its request. tests/e2e/test_tokenizing.py checks them on a real
 elmo-serve with Moses."""
 
 from __future__ import annotations
