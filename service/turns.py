@@ -66,14 +66,13 @@ class Turns(Generic[T]):
         self.extend(address, (item,))
 
     def extend(self, address: str, items: Iterable[T]) -> None:
-        line = self._lines.setdefault(address, deque())
-        before = len(line)
-        line.extend(items)
-        self._count += len(line) - before
+        items = list(items)
+        if not items:
+            return
+        self._lines.setdefault(address, deque()).extend(items)
+        self._count += len(items)
         if self._weight is not None:
-            self.held.add(address, sum(self._weight(line[k]) for k in range(before, len(line))))
-        if not line:
-            del self._lines[address]  # nothing was added
+            self.held.add(address, sum(map(self._weight, items)))
 
     def addresses(self) -> list[str]:
         """The addresses with items waiting, in turn order."""
@@ -94,8 +93,13 @@ class Turns(Generic[T]):
     def take(self) -> T:
         """Take the item whose turn it is (not empty); its address's turn then comes after every other's."""
         address = next(iter(self._lines))
-        item = self.pop(address)
-        self.turn_over(address)
+        line = self._lines.pop(address)
+        item = line.popleft()
+        self._count -= 1
+        if self._weight is not None:
+            self.held.add(address, -self._weight(item))
+        if line:
+            self._lines[address] = line  # after every other address waiting
         return item
 
     def pop(self, address: str) -> T:
