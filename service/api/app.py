@@ -24,7 +24,7 @@ from service.metrics import Metrics
 from service.models import load_models
 from service.settings import Settings
 from service.text.moses import tokenize
-from service.text.turns import TokenizeTurns
+from service.tokenizing import TokenizeTurns
 
 log = logging.getLogger("elmo.service")
 

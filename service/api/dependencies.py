@@ -13,7 +13,7 @@ from service.errors import NotReady
 from service.metrics import Metrics
 from service.models import ModelRegistry, ServedModel
 from service.settings import Settings
-from service.text.turns import TokenizeTurns
+from service.tokenizing import TokenizeTurns
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Runtime:
     admission: Admission
     answers: KeyedBudget
     # CPU pools of their own, so that neither waits behind the other nor behind asyncio's default pool
-    tokenizer: TokenizeTurns  # Moses, in turns by client address (service/text/turns.py)
+    tokenizer: TokenizeTurns  # Moses, in turns by client address (service/tokenizing.py)
     encode_pool: ThreadPoolExecutor
     parse_pool: ThreadPoolExecutor  # large bodies read and validated (service/api/bodies.py)
 

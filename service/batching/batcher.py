@@ -1,10 +1,11 @@
-"""Dynamic batching: many concurrent requests share the engine. Owns the policy, nothing else.
+"""Dynamic batching: many concurrent requests share the engine. The policy (the queue and its turns, the token
+budgets, which sentences join the next window) and the engine thread that applies it, with its retries:
 
 * Each request's sentences wait in a queue bounded in tokens: a request that does not fit is refused at once
   (`QueueFull`: 503 with Retry-After), never left to pile up; one larger than the whole queue could never fit
-  (`LargerThanQueue`: 413). The queue is one FIFO per client (its address), taken from in turns, a sentence of each
-  at a time: a client that sends many long requests at once delays another's small one by a sentence of its
-  own, not by all of them (one client on 4 connections pushed a small request's median to 7 s).
+  (`LargerThanQueue`: 413). The queue is one FIFO per client (its address), taken from in turns (service/turns.py), a
+  sentence of each at a time: a client that sends many long requests at once delays another's small one by a
+  sentence of its own, not by all of them (one client on 4 connections pushed a small request's median to 7 s).
 * A full queue is shared fairly: a client within its share (the queue's size over the clients waiting, itself
   included) that does not fit pushes out the newest waiting requests of the client holding the most, which get
   the QueueFull instead; a client over its share gets it itself. So one address's flood fills its own share and
@@ -31,11 +32,9 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -44,6 +43,7 @@ import numpy as np
 
 from service.batching.in_flight import InFlight
 from service.errors import Overloaded, TooLarge
+from service.turns import Turns
 
 EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
 log = logging.getLogger("elmo.batcher")
@@ -151,7 +151,7 @@ class Batcher:
         self.queue_tokens = queue_tokens
         self._on_batch = on_batch or (lambda stats: None)
         self._cond = threading.Condition()  # guards the queue, its counts and `_stopping`
-        self._queue = _Turns()
+        self._queue = _Queue()
         self._queued_tokens = 0
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -203,14 +203,14 @@ class Batcher:
             entry.gone = True  # answered, failed or cancelled: whatever of it is left costs no more compute
             if entry.waiting:
                 with self._cond:  # one pass over its client's queue, however many of its sentences wait
-                    self._queued_tokens -= self._queue.remove(entry)
+                    self._queued_tokens -= self._queue.drop(entry)
                     entry.waiting = 0
 
     def _push_out(self, client: str, tokens: int) -> None:
         """Make room for `tokens` of `client` in the full queue by refusing the newest waiting requests of the
         clients holding the most, if `client` stays within its share; QueueFull otherwise (called on the event
         loop, with the lock held)."""
-        held = self._queue.tokens_by_client
+        held = self._queue.held.by_address
         mine = held.get(client, 0)
         share = self.queue_tokens // (len(held) + (client not in held))
         full = f"queue holds {self._queued_tokens} of {self.queue_tokens} tokens"
@@ -230,7 +230,7 @@ class Batcher:
         if need > 0:
             raise QueueFull(f"{full}, and no request of another client above its share ({share}) waits whole")
         for victim in victims:
-            self._queued_tokens -= self._queue.remove(victim)
+            self._queued_tokens -= self._queue.drop(victim)
             victim.waiting = 0
             victim.future.set_exception(
                 QueueFull(f"{full}: your address held more than its share ({share}) when another's request came")
@@ -296,10 +296,10 @@ class Batcher:
         taken: list[Item] = []
         held = sum(row.length for row in self._in_flight.rows)  # a row's length counts its boundaries, as _tokens
         while self._queue and len(taken) < self._in_flight.room:
-            tokens = _tokens(self._queue.next())
+            tokens = _tokens(self._queue.first())
             if held + tokens > self.batch_tokens and (taken or self._in_flight.busy):
                 break
-            entry, i = self._queue.pop()
+            entry, i = self._queue.take()
             self._queued_tokens -= tokens
             entry.waiting -= 1
             if not entry.gone:
@@ -434,35 +434,18 @@ def _started(items: list[Item], now: float) -> None:
             entry.timings.started = now
 
 
-class _Turns:
-    """The queue: a FIFO of sentences per client, taken from in turns (round robin by sentence)."""
+class _Queue(Turns[Item]):
+    """The queue: a line of sentences per client, taken from in turns (round robin by sentence: service/turns.py),
+    each client's waiting tokens in `held`."""
 
     def __init__(self) -> None:
-        self._by_client: dict[str, deque[Item]] = {}  # in turn order: the next to take from first
-        self._count = 0
-        self.tokens_by_client: dict[str, int] = {}  # the tokens each client's waiting sentences hold
-
-    def __len__(self) -> int:
-        return self._count
-
-    def extend(self, client: str, items) -> None:
-        queue = self._by_client.setdefault(client, deque())
-        before = len(queue)
-        queue.extend(items)
-        self._count += len(queue) - before
-        self._hold(client, sum(_tokens(item) for item in itertools.islice(queue, before, None)))
-
-    def _hold(self, client: str, tokens: int) -> None:
-        if left := self.tokens_by_client.get(client, 0) + tokens:
-            self.tokens_by_client[client] = left
-        else:
-            self.tokens_by_client.pop(client, None)
+        super().__init__(weight=_tokens)
 
     def newest_whole(self, client: str, skip: int = 0) -> _Entry | None:
         """The newest request of `client` none of whose sentences has left the queue, after its `skip` newest
         ones; None if there is none (its older ones are being taken)."""
         seen: _Entry | None = None
-        for entry, _ in reversed(self._by_client.get(client, ())):
+        for entry, _ in reversed(self.line(client)):
             if entry is seen:
                 continue
             seen = entry
@@ -473,36 +456,10 @@ class _Turns:
             skip -= 1
         return None
 
-    def next(self) -> Item:
-        """The sentence whose turn it is (the queue is not empty)."""
-        return self._by_client[next(iter(self._by_client))][0]
-
-    def pop(self) -> Item:
-        """Take the sentence whose turn it is; its client's turn then comes after every other's."""
-        client = next(iter(self._by_client))
-        queue = self._by_client.pop(client)
-        item = queue.popleft()
-        if queue:
-            self._by_client[client] = queue
-        self._count -= 1
-        self._hold(client, -_tokens(item))
-        return item
-
     def oldest(self) -> float:
         """When the sentence that has waited longest was queued."""
-        return min(queue[0][0].enqueued for queue in self._by_client.values())
+        return min(entry.enqueued for entry, _ in self.heads())
 
-    def remove(self, entry: _Entry) -> int:
+    def drop(self, entry: _Entry) -> int:
         """Drop every waiting sentence of `entry`; the tokens they held."""
-        queue = self._by_client.get(entry.client)
-        if not queue:
-            return 0
-        kept = deque(item for item in queue if item[0] is not entry)
-        freed = sum(_tokens(item) for item in queue if item[0] is entry)
-        self._count -= len(queue) - len(kept)
-        if kept:
-            self._by_client[entry.client] = kept
-        else:
-            del self._by_client[entry.client]
-        self._hold(entry.client, -freed)
-        return freed
+        return sum(map(_tokens, self.remove(entry.client, lambda item: item[0] is entry)))

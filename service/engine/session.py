@@ -1,10 +1,12 @@
-"""The ONNX Runtime engine: token lists in, each sentence's layers out. Owns the session and nothing else.
+"""The ONNX Runtime engine: token lists in, each sentence's layers out. It owns the sessions and what a call needs
+around them (the feeds, the token cache, the window graph's bindings and host memory); which sentences run in a
+call, and when, is service/batching/'s.
 
 A model folder holds two graphs of the same biLM (model_export/onnx_graph.py): the Loop graph, fastest on
 the CPU, and the window graph (a fixed window of positions unrolled, static shapes), for CUDA and for reduced
 precision; the manifest says which file is which (service/manifest.py). Both take the batch as unique tokens +
 indices into them (service/engine/feeds.py) and run a window of positions of each sentence from the state its
-slot in the engine's state store holds (`step`, driven by service/batching/windows.py); `run` runs whole
+slot in the engine's state store holds (`step`, driven by service/batching/in_flight.py); `run` runs whole
 sentences. The char-CNN runs once per distinct token of a call, and not at all for tokens whose vectors the
 engine kept from earlier calls (`TokenCache`: exactly the bits it would compute again). Each sentence is wrapped
 in its model family's boundary tokens (<S> ... </S>, or <bos> ... <eos>: service/text/token_ids.py), the way the

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -26,6 +25,7 @@ from typing import Protocol
 from service.errors import Overloaded
 from service.server.log_bounds import AddressLog
 from service.server.uvicorn_compat import TrustedProxies
+from service.turns import Turns
 
 log = logging.getLogger("elmo.service")
 # Descriptors kept for what is not a connection (the listening socket, the event loop's, log files, /proc reads
@@ -153,19 +153,20 @@ Start = Callable[[], None]
 
 
 class RequestTurns:
-    """Requests started in turns by address (see the module's docstring). `start(address, go)` calls `go` (which
-    creates the request's task) in `address`'s turn: in the next round, on a later turn of the event loop."""
+    """Requests started in turns by address (see the module's docstring; the turns are service/turns.py's).
+    `start(address, go)` calls `go` (which creates the request's task) in `address`'s turn: in the next round, on a
+    later turn of the event loop."""
 
     def __init__(self, per_round: int = 16):
         self.per_round = per_round
-        self._waiting: dict[str, deque[Start]] = {}  # in turn order: the next address first
+        self._waiting: Turns[Start] = Turns()
         self._scheduled = False
 
     def __len__(self) -> int:
-        return sum(map(len, self._waiting.values()))
+        return len(self._waiting)
 
     def start(self, address: str, go: Start) -> None:
-        self._waiting.setdefault(address, deque()).append(go)
+        self._waiting.put(address, go)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._round)
@@ -173,12 +174,7 @@ class RequestTurns:
     def _round(self) -> None:
         started = 0
         while self._waiting and started < self.per_round:
-            address = next(iter(self._waiting))
-            waiting = self._waiting.pop(address)
-            go = waiting.popleft()
-            if waiting:
-                self._waiting[address] = waiting  # its next turn after every other address's
-            go()
+            self._waiting.take()()  # its address's next turn after every other address's
             started += 1
         if self._waiting:
             asyncio.get_running_loop().call_soon(self._round)  # the tasks just created run first

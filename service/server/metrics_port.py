@@ -11,7 +11,9 @@ of RSS), a listen backlog of 5, and eight scrapers in a loop took a core and tri
 What a scrape costs is bounded too: the registry is rendered at most once per CACHE_S however many scrape, and
 at most RATE_PER_S scrapes a second are answered, the rest waiting their turn (MAX_WAIT_S at most, then 503 with
 Retry-After), so that scrapers in a tight loop take a few answers a second of the event loop, not a core.
-Only `GET /metrics` (and HEAD) is served; any other path is 404."""
+Only `GET /metrics` (and HEAD, wherever GET is answered: the same status and headers, no body) is served; any other
+path is 404, any other method 405, a scrape over the pace 503: ServiceErrors, answered in the shape and with the
+headers every error of the service has (service/errors.py)."""
 
 from __future__ import annotations
 
@@ -20,10 +22,10 @@ import gzip
 import time
 from collections.abc import Callable
 
-import orjson
 from prometheus_client.exposition import choose_encoder
 
 from service.api.health import observe_queues
+from service.errors import Overloaded, ServiceError, answer_headers, native_body
 
 CACHE_S = 1.0  # a render serves every scrape for this long (Prometheus scrapes every 15 s or more)
 RATE_PER_S = 10.0  # scrapes answered a second, over all connections (a few Prometheus replicas need < 1)
@@ -125,16 +127,12 @@ class MetricsApp:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return  # no lifespan (the side port runs none) and no WebSocket (the protocol refuses upgrades)
-        if scope["path"] != PATH:
-            await _answer(send, 404, {"detail": f"not found: this port serves {PATH} alone"})
-            return
-        if scope["method"] not in ("GET", "HEAD"):
-            await _answer(send, 405, {"detail": f"{PATH} answers GET"}, [(b"allow", b"GET, HEAD")])
-            return
-        wait = self.pace.wait()
-        if wait is None:
-            detail = {"detail": f"over {RATE_PER_S:g} scrapes a second; retry later"}
-            await _answer(send, 503, detail, [(b"retry-after", b"1")])
+        head = scope["method"] == "HEAD"  # answered wherever GET is, with GET's headers and no body
+        try:
+            wait = self._turn(scope)
+        except ServiceError as err:
+            body = native_body(err)
+            await _send(send, err.status, answer_headers(err, len(body)), body, head)
             return
         if wait > 0:
             await asyncio.sleep(wait)
@@ -142,14 +140,22 @@ class MetricsApp:
         gzipped = b"gzip" in headers.get(b"accept-encoding", b"")
         body, content_type = await self.cache.answer(headers.get(b"accept", b"").decode("latin-1"), gzipped)
         extra = [(b"content-encoding", b"gzip")] if gzipped else []
-        await _send(send, 200, body, content_type.encode(), extra, head=scope["method"] == "HEAD")
+        answer = [(b"content-type", content_type.encode()), (b"content-length", b"%d" % len(body)), *extra]
+        await _send(send, 200, answer, body, head)
+
+    def _turn(self, scope) -> float:
+        """Seconds this scrape waits for its slot; a ServiceError where it is not served (answered as the main
+        port answers its errors: service/errors.py's body and headers)."""
+        if scope["path"] != PATH:
+            raise ServiceError(f"not found: this port serves {PATH} alone", status=404)
+        if scope["method"] not in ("GET", "HEAD"):
+            raise ServiceError(f"{PATH} answers GET", status=405, headers=[(b"allow", b"GET, HEAD")])
+        wait = self.pace.wait()
+        if wait is None:
+            raise Overloaded(f"over {RATE_PER_S:g} scrapes a second; retry later", retry_after=1)
+        return wait
 
 
-async def _answer(send, status: int, detail: dict, extra: list | None = None) -> None:
-    await _send(send, status, orjson.dumps(detail), b"application/json", extra or [])
-
-
-async def _send(send, status: int, body: bytes, content_type: bytes, extra: list, head: bool = False) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *extra]
+async def _send(send, status: int, headers: list, body: bytes, head: bool) -> None:
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if head else body})

@@ -1,8 +1,9 @@
-"""The HTTP server below the app, against real elmo-serve processes (the fourth round of hardening, issue 32): the
+"""The HTTP server below the app, against real elmo-serve processes: the
 answers that never change cost a reader only what it reads, connections are capped per address and in all below
 an open-files limit the server raises, WebSocket upgrades are refused before anything logs them, forwarded headers
 count only from the proxies named, and the liveness probe is answered outside the requests' turns.
-bench/hostile.py measures the same attacks at full size (rows 12 to 17)."""
+`python -m bench.hostile --rows slow-readers,descriptors,upgrades,forwarded` measures the same attacks at full
+size."""
 
 from __future__ import annotations
 

@@ -48,6 +48,10 @@ def test_metrics_alone_without_a_key(server, metrics_port):
     assert scrape(metrics_port, "/health/live").status_code == 404  # nothing but /metrics on this port
     assert scrape(metrics_port, "/metrics/x").status_code == 404
     assert httpx.post(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).status_code == 405
+    head = httpx.head(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)  # HEAD wherever GET is, no body
+    assert head.status_code == 200 and int(head.headers["content-length"]) > 0 and head.content == b""
+    missing = httpx.head(f"http://127.0.0.1:{metrics_port}/health/live", timeout=10)
+    assert missing.status_code == 404 and missing.content == b""
     assert httpx.get(f"{server.url}/metrics", timeout=10).status_code == 401  # the main port's stays behind the keys
     # what Prometheus asks for: OpenMetrics, gzipped
     raw = httpx.get(

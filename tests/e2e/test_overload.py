@@ -334,7 +334,7 @@ def test_a_large_answer_is_encoded_off_the_event_loop(tiny_model_dir, tmp_path, 
         assert {status for status, _ in small} == {200}
         print(f"{len(response.content) >> 20} MiB answer; {len(small)} small requests meanwhile, the slowest "
               f"{max(s for _, s in small):.2f} s")  # fmt: skip
-        assert max(s for _, s in small) < 5  # a hang detector: bench/hostile.py measures the latency
+        assert max(s for _, s in small) < 5  # a hang detector: bench/hostile/ measures the latency
 
 
 UNREAD = {"ELMO_WRITE_TIMEOUT_S": "2", "ELMO_MAX_ANSWER_BYTES": str(8 << 20),

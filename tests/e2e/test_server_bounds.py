@@ -1,7 +1,7 @@
-"""The HTTP server's bounds of the fifth round of hardening (issue 39), against real elmo-serve processes: a
+"""The HTTP server's bounds on bodies answered early and bodies in tiny chunks, against real elmo-serve processes: a
 connection answered before its body has all arrived is closed by its keep-alive timer unless the rest comes (it
-kept no timer), and a chunked body's chunks must not be tiny. bench/hostile.py measures the same attacks at full
-size (`--rounds fifth`)."""
+kept no timer), and a chunked body's chunks must not be tiny. `python -m bench.hostile --rows
+early-answers,tiny-chunks` measures the same attacks at full size."""
 
 from __future__ import annotations
 

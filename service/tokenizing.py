@@ -1,4 +1,5 @@
-"""Moses on threads of its own, in turns by client address, as the batcher's queue takes sentences.
+"""Moses on threads of its own, in turns by client address (service/turns.py), as the batcher's queue takes
+sentences. Tokenizing a text is service/text/'s job; which text is tokenized first, admission's, and so here.
 
 A first-in, first-out pool let one address starve everyone's tokenizing: Moses costs 0.2-0.6 s per million
 characters, and two connections looping 8 texts of 999,000 characters took other clients' text requests from
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from service.errors import Overloaded
+from service.turns import Held, Turns
 
 
 class Abandoned(Exception):
@@ -40,8 +42,8 @@ class TokenizeTurns:
     def __init__(self, threads: int, per_client_chars: int, tokenize: Callable[[str, str], list[str]], observe=None):
         self.per_client_chars, self.tokenize, self.observe = per_client_chars, tokenize, observe
         self.lock = threading.Condition()
-        self.lines: OrderedDict[str, deque[_Job]] = OrderedDict()  # address -> its jobs with texts waiting
-        self.chars: dict[str, int] = {}  # address -> characters waiting or being tokenized
+        self.lines: Turns[_Job] = Turns()  # each address's jobs with texts waiting, the addresses in turns
+        self.chars = Held(per_client_chars)  # each address's characters waiting or being tokenized
         self.closed = False
         self.workers = [threading.Thread(target=self._work, name=f"tokenize-{k}", daemon=True) for k in range(threads)]
         for worker in self.workers:
@@ -52,30 +54,29 @@ class TokenizeTurns:
         in flight would pass the bound."""
         chars = sum(len(x) for x in items if isinstance(x, str))
         with self.lock:
-            mine = self.chars.get(client, 0)
-            if mine and mine + chars > self.per_client_chars:  # one request alone is always taken
+            if not self.chars.fits(client, chars):  # one request alone is always taken
                 raise Overloaded(
-                    f"overloaded: texts being tokenized for your address hold {mine} of {self.per_client_chars} "
-                    "characters; retry later"
+                    f"overloaded: texts being tokenized for your address hold {self.chars[client]} of "
+                    f"{self.per_client_chars} characters; retry later"
                 )
             job = _Job(client, items, language, stop, chars)
-            self.chars[client] = mine + chars
+            self.chars.add(client, chars)
             if not job.waiting:
                 self._finish(job)
                 return job.future
-            self.lines.setdefault(client, deque()).append(job)
+            self.lines.put(client, job)
             self.lock.notify()
         return job.future
 
     def held(self, client: str) -> int:
         with self.lock:
-            return self.chars.get(client, 0)
+            return self.chars[client]
 
     def shutdown(self) -> None:
         with self.lock:
             self.closed = True
-            for line in self.lines.values():
-                for job in line:
+            for client in self.lines.addresses():
+                for job in self.lines.line(client):
                     job.stop.set()
             self.lock.notify_all()
 
@@ -84,25 +85,23 @@ class TokenizeTurns:
         while True:
             if self.closed:
                 return None
-            for client in list(self.lines):
-                line = self.lines[client]
+            for client in self.lines.addresses():
+                line = self.lines.line(client)
                 while line and line[0].stop.is_set():  # its client has gone: the rest of its texts never run
-                    job = line.popleft()
+                    job = self.lines.pop(client)
                     job.waiting.clear()
                     if not job.running:
                         self._finish(job)
+                    line = self.lines.line(client)
                 if not line:
-                    del self.lines[client]
                     continue
                 job = line[0]
                 if job.waiting:
                     index = job.waiting.popleft()
                     job.running += 1
                     if not job.waiting:
-                        line.popleft()
-                    self.lines.move_to_end(client)  # its turn is over
-                    if not line:
-                        del self.lines[client]
+                        self.lines.pop(client)
+                    self.lines.turn_over(client)  # its turn is over
                     return job, index
             self.lock.wait(timeout=1.0)  # woken by a new job; the timeout finds jobs whose clients have gone
 
@@ -131,11 +130,7 @@ class TokenizeTurns:
     def _finish(self, job: _Job) -> None:
         """The job leaves: its characters leave the address's bound, its future gets its result (lock held)."""
         if job.chars:
-            left = self.chars.get(job.client, 0) - job.chars
-            if left > 0:
-                self.chars[job.client] = left
-            else:
-                self.chars.pop(job.client, None)
+            self.chars.add(job.client, -job.chars)
             job.chars = 0
         if job.future.done():
             return
