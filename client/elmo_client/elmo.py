@@ -6,17 +6,17 @@ one import (needs torch: `pip install 'elmo-client[torch]'`),
 `Elmo(options_file, weight_file, num_output_representations, ...)` called on `batch_to_ids(sentences)` returns
 allennlp's dict: "elmo_representations", a list of `num_output_representations` tensors (batch, timesteps, dim),
 each its own learned scalar mix of the biLM's layers, and "mask" (batch, timesteps), bool. The service computes
-the layers (one request per forward, the layers and not the mix); this module mixes them with allennlp's
-`ScalarMix` semantics (softmax-normalised weights and gamma, trained with the task unless
-`scalar_mix_parameters` fixes them; `do_layer_norm` over the unmasked positions; dropout on each representation),
-so gradients reach the mix as in allennlp. Parameter names are allennlp's (`scalar_mix_0.scalar_parameters.0`,
+the layers (one request per forward, the layers and not the mix; with the sentence boundaries' vectors where
+allennlp's mix sees them: `keep_sentence_boundaries`, `do_layer_norm`); this module mixes them with allennlp's
+`ScalarMix` semantics (softmax-normalised weights and gamma, trained with the task unless `scalar_mix_parameters`
+fixes them; `do_layer_norm` over the unmasked positions, boundaries included; dropout on each representation), so
+gradients reach the mix as in allennlp. Parameter names are allennlp's (`scalar_mix_0.scalar_parameters.0`,
 `scalar_mix_0.gamma`), so a mix trained with allennlp loads with `load_state_dict(..., strict=False)`.
 
 The differences (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True`,
-`vocab_to_cache`, `keep_sentence_boundaries=True` and `module` are refused, saying why); its vectors are
-stateless; with `do_layer_norm=True` the statistics are over the sentences' tokens, where allennlp's include the
-two boundary tokens the service does not return. Character ids go back to tokens (the inverse of allennlp's
-mapping): exact for every token of at most 48 UTF-8 bytes, the ids' limit, as for allennlp's own biLM."""
+`vocab_to_cache` and `module` are refused, saying why); its vectors are stateless. Character ids go back to tokens
+(the inverse of allennlp's mapping): exact for every token of at most 48 UTF-8 bytes, the ids' limit, as for
+allennlp's own biLM."""
 
 from __future__ import annotations
 
@@ -117,6 +117,41 @@ def _layer_norm(tensor: torch.Tensor, broadcast_mask: torch.Tensor, count: torch
     return (tensor - mean) / torch.sqrt(variance + tiny)
 
 
+class _ServedBiLm(torch.nn.Module):
+    """allennlp's _ElmoBiLm (`Elmo._elmo_lstm`), its layers computed by the server: `forward(inputs, word_inputs)`
+    returns {"activations": num_layers tensors (batch, timesteps + 2, dim), "mask": (batch, timesteps + 2)}, the
+    sentence boundaries included, as allennlp's. No parameters, no state."""
+
+    def __init__(self, client: Client, model: str | None, num_layers: int, dim: int):
+        super().__init__()
+        self._client, self._model, self.num_layers, self._dim = client, model, num_layers, dim
+
+    def get_output_dim(self) -> int:
+        return self._dim
+
+    def forward(self, inputs: torch.Tensor) -> dict:
+        activations, mask = self.layers(inputs, boundaries=True)
+        return {"activations": activations, "mask": mask}
+
+    def layers(self, inputs: torch.Tensor, boundaries: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The server's layers of the batch, zeros past each sentence's end: num_layers tensors (batch, timesteps,
+        dim), and the mask (batch, timesteps); with `boundaries`, timesteps + 2 with <S> and </S> in them.
+        `inputs`: character ids (batch, timesteps, 50)."""
+        sentences, timesteps = ids_to_tokens(inputs), inputs.shape[1]
+        extra = 2 if boundaries else 0
+        batch = np.zeros((self.num_layers, len(sentences), timesteps + extra, self._dim), dtype=np.float32)
+        mask = torch.zeros((len(sentences), timesteps + extra), dtype=torch.bool)
+        # an empty sentence is its two boundaries (allennlp computes them); without them there is nothing to ask
+        given = [i for i, s in enumerate(sentences) if s or boundaries]
+        asked = [sentences[i] for i in given]
+        options = {"boundaries": True} if boundaries else {}
+        embedded = self._client.embed(asked, output="layers", model=self._model, **options) if given else []
+        for i, layers in zip(given, embedded, strict=True):
+            batch[:, i, : layers.shape[1]] = layers
+            mask[i, : layers.shape[1]] = True
+        return list(torch.from_numpy(batch).to(inputs.device)), mask.to(inputs.device)
+
+
 class Elmo(torch.nn.Module):
     """allennlp's Elmo (its signature, its output): see the module's docstring. `url`, `api_key`, `client`,
     `model`, `timeout`: the service, as for elmo_client.Client (default $ELMO_URL, else http://127.0.0.1:8000)."""
@@ -144,7 +179,6 @@ class Elmo(torch.nn.Module):
         refused = {
             "requires_grad=True": (requires_grad, "the service's biLM is not trained here: only the mix is"),
             "vocab_to_cache": (vocab_to_cache is not None, "the server computes every token's characters"),
-            "keep_sentence_boundaries=True": (keep_sentence_boundaries, "the service returns the tokens' vectors"),
             "module": (module is not None, "the biLM is the server's model"),
         }
         for name, (given, why) in refused.items():
@@ -153,52 +187,57 @@ class Elmo(torch.nn.Module):
         for given in (options_file, weight_file):
             if given is not None and "://" not in given and not os.path.exists(given):
                 raise FileNotFoundError(f"file {given} not found")  # allennlp's cached_path, in its words
-        self._files_given = options_file is not None or weight_file is not None
-        self._client = client or Client(
+        client = client or Client(
             url or os.environ.get("ELMO_URL"), api_key or os.environ.get("ELMO_API_KEY"), timeout=timeout
         )
-        self._model = model
-        info = self._client.info()
+        info = client.info()
         if model is not None and info.get("models"):
             info = {**info["models"][model], "model": model}
-        self.num_layers, self._dim = int(info["num_layers"]), int(info["dim"])
-        if self._files_given:
-            warnings.warn(f"Elmo: options_file and weight_file are not used: the server at {self._client.url} "
-                          f"computes the layers with its model {info.get('model')!r} ({self.num_layers} layers of "
-                          f"{self._dim})", UserWarning, stacklevel=2)  # fmt: skip
+        num_layers, dim = int(info["num_layers"]), int(info["dim"])
+        if options_file is not None or weight_file is not None:
+            warnings.warn(f"Elmo: options_file and weight_file are not used: the server at {client.url} "
+                          f"computes the layers with its model {info.get('model')!r} ({num_layers} layers of "
+                          f"{dim})", UserWarning, stacklevel=2)  # fmt: skip
+        self._elmo_lstm = _ServedBiLm(client, model, num_layers, dim)
+        self._keep_sentence_boundaries = keep_sentence_boundaries
+        # allennlp's mix sees the boundaries whenever it normalises the layers, or keeps them in the output
+        self._boundaries = keep_sentence_boundaries or do_layer_norm
         self._dropout = torch.nn.Dropout(p=dropout)
         self._scalar_mixes = []
         for k in range(num_output_representations):
-            mix = ScalarMix(self.num_layers, do_layer_norm, scalar_mix_parameters, scalar_mix_parameters is None)
+            mix = ScalarMix(num_layers, do_layer_norm, scalar_mix_parameters, scalar_mix_parameters is None)
             self.add_module(f"scalar_mix_{k}", mix)
             self._scalar_mixes.append(mix)
 
+    @property
+    def num_layers(self) -> int:
+        return self._elmo_lstm.num_layers
+
     def get_output_dim(self) -> int:
-        return self._dim
+        return self._elmo_lstm.get_output_dim()
 
     def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> dict:
         """inputs: character ids (batch, timesteps, 50) from batch_to_ids (or (..., timesteps, 50)). Returns
         {"elmo_representations": [(batch, timesteps, dim)] x num_output_representations, "mask": (batch,
-        timesteps) bool}, zeros past each sentence's end, as allennlp's."""
+        timesteps) bool} (timesteps + 2 with keep_sentence_boundaries), as allennlp's."""
+        shape = inputs.shape
+        ids = inputs.reshape(-1, shape[-2], shape[-1]) if len(shape) > 3 else inputs
         if word_inputs is not None:
             raise ConfigurationError("Elmo: word_inputs need vocab_to_cache, which the service's Elmo does not have")
-        shape = inputs.shape
-        ids = inputs.reshape(-1, shape[-2], shape[-1])
-        mask = (ids > 0).any(dim=-1)  # (batch, timesteps)
-        layers = self._layers(ids_to_tokens(ids), ids.shape[1], inputs.device)  # num_layers x (batch, time, dim)
+        layers, mask = self._elmo_lstm.layers(ids, self._boundaries)
         representations = []
         for mix in self._scalar_mixes:
-            mixed = mix(layers, mask) * mask.unsqueeze(-1)  # allennlp leaves zeros past the end, layer norm or not
-            representations.append(self._dropout(mixed).reshape(*shape[:-1], -1))
-        return {"elmo_representations": representations, "mask": mask.reshape(shape[:-1])}
-
-    def _layers(self, sentences: list[list[str]], timesteps: int, device: torch.device) -> list[torch.Tensor]:
-        """The server's layers of the sentences, padded with zeros: one (batch, timesteps, dim) tensor a layer."""
-        batch = np.zeros((self.num_layers, len(sentences), timesteps, self._dim), dtype=np.float32)
-        given = [i for i, s in enumerate(sentences) if s]
-        embedded = (
-            self._client.embed([sentences[i] for i in given], output="layers", model=self._model) if given else []
-        )
-        for i, layers in zip(given, embedded, strict=True):
-            batch[:, i, : layers.shape[1]] = layers
-        return list(torch.from_numpy(batch).to(device))
+            mixed = mix(layers, mask)
+            if self._keep_sentence_boundaries:
+                out, out_mask = mixed, mask
+            elif self._boundaries:  # allennlp's remove_sentence_boundaries: token j at j, zeros past the end
+                out_mask = mask[:, 2:].clone()
+                out = mixed[:, 1:-1] * out_mask.unsqueeze(-1)
+            else:  # allennlp leaves zeros past the end
+                out, out_mask = mixed * mask.unsqueeze(-1), mask
+            representations.append(self._dropout(out))
+        lead, size = shape[:-2], out_mask.shape[-1]
+        return {
+            "elmo_representations": [r.reshape(*lead, size, -1) for r in representations],
+            "mask": out_mask.reshape(*lead, size),
+        }
