@@ -13,13 +13,15 @@ fixes them; `do_layer_norm` over the unmasked positions, boundaries included; dr
 gradients reach the mix as in allennlp. Parameter names are allennlp's (`scalar_mix_0.scalar_parameters.0`,
 `scalar_mix_0.gamma`), so a mix trained with allennlp loads with `load_state_dict(..., strict=False)`.
 
-The differences (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True`,
-`vocab_to_cache` and `module` are refused, saying why); its vectors are stateless. Character ids go back to tokens
-(the inverse of allennlp's mapping): exact for every token of at most 48 UTF-8 bytes, the ids' limit, as for
-allennlp's own biLM."""
+The differences (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True`
+and `module` are refused, saying why); its vectors are stateless. `vocab_to_cache` and `word_inputs` have
+allennlp's meaning: the ids' words are sent, and the server computes their layer 0 as from their characters.
+Character ids go back to tokens (the inverse of allennlp's mapping): exact for every token of at most 48 UTF-8
+bytes, the ids' limit, as for allennlp's own biLM."""
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 
@@ -29,6 +31,7 @@ import torch
 from elmo_client.allennlp import ConfigurationError
 from elmo_client.client import Client
 
+log = logging.getLogger("elmo_client.elmo")
 # allennlp's ELMoCharacterMapper: a token is 50 ids, byte + 1, between begin- and end-of-word marks; 0 pads.
 MAX_WORD_LENGTH = 50
 BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
@@ -122,22 +125,31 @@ class _ServedBiLm(torch.nn.Module):
     returns {"activations": num_layers tensors (batch, timesteps + 2, dim), "mask": (batch, timesteps + 2)}, the
     sentence boundaries included, as allennlp's. No parameters, no state."""
 
-    def __init__(self, client: Client, model: str | None, num_layers: int, dim: int):
+    def __init__(self, client: Client, model: str | None, num_layers: int, dim: int, vocab: list[str] | None):
         super().__init__()
         self._client, self._model, self.num_layers, self._dim = client, model, num_layers, dim
+        self._vocab = vocab
 
     def get_output_dim(self) -> int:
         return self._dim
 
-    def forward(self, inputs: torch.Tensor) -> dict:
-        activations, mask = self.layers(inputs, boundaries=True)
+    def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> dict:
+        activations, mask = self.layers(inputs, word_inputs, boundaries=True)
         return {"activations": activations, "mask": mask}
 
-    def layers(self, inputs: torch.Tensor, boundaries: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def layers(
+        self, inputs: torch.Tensor, word_inputs: torch.Tensor | None, boundaries: bool
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The server's layers of the batch, zeros past each sentence's end: num_layers tensors (batch, timesteps,
         dim), and the mask (batch, timesteps); with `boundaries`, timesteps + 2 with <S> and </S> in them.
-        `inputs`: character ids (batch, timesteps, 50)."""
-        sentences, timesteps = ids_to_tokens(inputs), inputs.shape[1]
+        `inputs`: character ids (batch, timesteps, 50); `word_inputs`: ids (batch, timesteps) of words in
+        vocab_to_cache (0: padding), read instead where given and every id is in the vocabulary (else allennlp too
+        reads the characters)."""
+        sentences = self._words(word_inputs) if word_inputs is not None else None
+        source = inputs if sentences is None else word_inputs
+        if sentences is None:
+            sentences = ids_to_tokens(inputs)
+        timesteps = source.shape[1]
         extra = 2 if boundaries else 0
         batch = np.zeros((self.num_layers, len(sentences), timesteps + extra, self._dim), dtype=np.float32)
         mask = torch.zeros((len(sentences), timesteps + extra), dtype=torch.bool)
@@ -150,6 +162,19 @@ class _ServedBiLm(torch.nn.Module):
             batch[:, i, : layers.shape[1]] = layers
             mask[i, : layers.shape[1]] = True
         return list(torch.from_numpy(batch).to(inputs.device)), mask.to(inputs.device)
+
+    def _words(self, word_inputs: torch.Tensor) -> list[list[str]] | None:
+        """The words of vocab_to_cache ids (batch, timesteps), each sentence up to its first 0; None where an id is
+        not in the vocabulary."""
+        ids = word_inputs.detach().cpu().numpy()
+        if self._vocab is None or ids.min(initial=0) < 0 or ids.max(initial=0) >= len(self._vocab):
+            return None
+        return [[self._vocab[k] for k in row[: _length(row > 0)]] for row in ids]
+
+
+def _length(present: np.ndarray) -> int:
+    """The positions before the first that is not `present`."""
+    return len(present) if present.all() else int(present.argmin())
 
 
 class Elmo(torch.nn.Module):
@@ -178,7 +203,6 @@ class Elmo(torch.nn.Module):
         super().__init__()
         refused = {
             "requires_grad=True": (requires_grad, "the service's biLM is not trained here: only the mix is"),
-            "vocab_to_cache": (vocab_to_cache is not None, "the server computes every token's characters"),
             "module": (module is not None, "the biLM is the server's model"),
         }
         for name, (given, why) in refused.items():
@@ -198,7 +222,9 @@ class Elmo(torch.nn.Module):
             warnings.warn(f"Elmo: options_file and weight_file are not used: the server at {client.url} "
                           f"computes the layers with its model {info.get('model')!r} ({num_layers} layers of "
                           f"{dim})", UserWarning, stacklevel=2)  # fmt: skip
-        self._elmo_lstm = _ServedBiLm(client, model, num_layers, dim)
+        vocab = list(vocab_to_cache) if vocab_to_cache is not None else None
+        self._elmo_lstm = _ServedBiLm(client, model, num_layers, dim, vocab)
+        self._has_cached_vocab = vocab is not None
         self._keep_sentence_boundaries = keep_sentence_boundaries
         # allennlp's mix sees the boundaries whenever it normalises the layers, or keeps them in the output
         self._boundaries = keep_sentence_boundaries or do_layer_norm
@@ -217,14 +243,19 @@ class Elmo(torch.nn.Module):
         return self._elmo_lstm.get_output_dim()
 
     def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> dict:
-        """inputs: character ids (batch, timesteps, 50) from batch_to_ids (or (..., timesteps, 50)). Returns
+        """inputs: character ids (batch, timesteps, 50) from batch_to_ids (or (..., timesteps, 50)); word_inputs:
+        with vocab_to_cache, ids (batch, timesteps) (or (..., timesteps)) of its words. Returns
         {"elmo_representations": [(batch, timesteps, dim)] x num_output_representations, "mask": (batch,
         timesteps) bool} (timesteps + 2 with keep_sentence_boundaries), as allennlp's."""
         shape = inputs.shape
         ids = inputs.reshape(-1, shape[-2], shape[-1]) if len(shape) > 3 else inputs
+        words = None
         if word_inputs is not None:
-            raise ConfigurationError("Elmo: word_inputs need vocab_to_cache, which the service's Elmo does not have")
-        layers, mask = self._elmo_lstm.layers(ids, self._boundaries)
+            if not self._has_cached_vocab:
+                log.warning("Word inputs were passed to ELMo but it does not have a cached vocab.")  # allennlp's
+            else:
+                words = word_inputs.reshape(-1, word_inputs.shape[-1]) if word_inputs.dim() > 2 else word_inputs
+        layers, mask = self._elmo_lstm.layers(ids, words, self._boundaries)
         representations = []
         for mix in self._scalar_mixes:
             mixed = mix(layers, mask)
@@ -236,7 +267,7 @@ class Elmo(torch.nn.Module):
             else:  # allennlp leaves zeros past the end
                 out, out_mask = mixed * mask.unsqueeze(-1), mask
             representations.append(self._dropout(out))
-        lead, size = shape[:-2], out_mask.shape[-1]
+        lead, size = word_inputs.shape[:-1] if words is not None else shape[:-2], out_mask.shape[-1]
         return {
             "elmo_representations": [r.reshape(*lead, size, -1) for r in representations],
             "mask": out_mask.reshape(*lead, size),

@@ -1,7 +1,8 @@
 """elmo_client.elmo (the torch extra) against allennlp 2.10.1's own Elmo on the fixture model, run in the allennlp
 environment (tests/allennlp_reference/elmo_module.py): the same character ids, masks and representations to 1e-5
 with the same mix parameters and dropout seed, and the same gradients on the mix parameters; with layer norm (its
-statistics over the sentence boundaries too, as allennlp's) and with the boundaries kept."""
+statistics over the sentence boundaries too, as allennlp's), with the boundaries kept, and with a cached vocabulary's
+word ids."""
 
 from __future__ import annotations
 
@@ -30,8 +31,19 @@ CASES = [
      "keep_sentence_boundaries": True},
     {"name": "keep_layer_norm", "do_layer_norm": True, "dropout": 0.5, "seed": 3, "fixed": None, "mixes": MIXES,
      "keep_sentence_boundaries": True},
+    {"name": "vocab", "do_layer_norm": False, "dropout": 0.0, "seed": 1, "fixed": None, "mixes": MIXES},
 ]  # fmt: skip
 OPTIONS = {"do_layer_norm", "dropout", "keep_sentence_boundaries"}  # what a case gives Elmo (and allennlp's)
+
+
+def with_vocabulary(case: dict, sentences: list[list[str]]) -> dict:
+    """The vocab case: allennlp's vocab_to_cache (padding and unknown first, as its Vocabulary has them) and the
+    word ids of the sentences (0 past each one's end)."""
+    vocab = ["@@PADDING@@", "@@UNKNOWN@@", *sorted({t for s in sentences for t in s})]
+    index = {word: k for k, word in enumerate(vocab)}
+    width = max(map(len, sentences))
+    ids = [[index[t] for t in s] + [0] * (width - len(s)) for s in sentences]
+    return {**case, "vocab_to_cache": vocab, "word_ids": ids}
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +53,8 @@ def server(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cases() -> list[dict]:
-    return CASES
+def cases(sentences) -> list[dict]:
+    return [with_vocabulary(c, sentences) if c["name"] == "vocab" else c for c in CASES]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +81,8 @@ def loss_of(representation, target):
 def ours(case, server, sentences, targets):
     """The service-backed Elmo on the case: its output and the gradients of the same loss on each mix."""
     options = {k: v for k, v in case.items() if k in OPTIONS}
-    elmo = Elmo(None, None, len(case["mixes"]), scalar_mix_parameters=case["fixed"], url=server.url, **options)
+    elmo = Elmo(None, None, len(case["mixes"]), scalar_mix_parameters=case["fixed"], url=server.url,
+                vocab_to_cache=case.get("vocab_to_cache"), **options)  # fmt: skip
     mixes = [getattr(elmo, f"scalar_mix_{k}") for k in range(len(case["mixes"]))]
     with torch.no_grad():
         for mix, values in zip(mixes, case["mixes"], strict=True):
@@ -78,7 +91,8 @@ def ours(case, server, sentences, targets):
             mix.gamma.fill_(values[-1])
     elmo.train(case["dropout"] > 0)
     torch.manual_seed(case["seed"])
-    result = elmo(batch_to_ids(sentences))
+    words = torch.tensor(case["word_ids"]) if "word_ids" in case else None
+    result = elmo(batch_to_ids(sentences), words)
     if case["fixed"] is None:  # fixed mix parameters: nothing to differentiate
         sum(loss_of(r, targets[k]) for k, r in enumerate(result["elmo_representations"])).backward()
     grads = [None if case["fixed"] else torch.cat([*(p.grad for p in m.scalar_parameters), m.gamma.grad]).numpy()
@@ -116,6 +130,24 @@ def test_outputs_and_mix_gradients_equal_allennlps_elmo(case, cases, server, sen
     assert list(result["mask"].shape) == shape
 
 
+def test_word_inputs_of_a_cached_vocabulary_are_the_character_ids_layers(cases, server, sentences, reference):
+    # allennlp's vocab_to_cache: layer 0 of the cached words, looked up by id; the result that of the characters
+    _, targets = reference
+    plain = next(c for c in cases if c["name"] == "plain")
+    vocab = next(c for c in cases if c["name"] == "vocab")
+    by_chars, _ = ours(plain, server, sentences, targets)
+    by_words, _ = ours(vocab, server, sentences, targets)
+    for a, b in zip(by_chars["elmo_representations"], by_words["elmo_representations"], strict=True):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+    # 3-D word ids (allennlp's test_elmo_bilm_can_handle_higher_dimensional_input_with_cache): each slice the same
+    elmo = Elmo(None, None, 1, dropout=0.0, vocab_to_cache=vocab["vocab_to_cache"], url=server.url)
+    ids, words = batch_to_ids(sentences[:3]), torch.tensor(vocab["word_ids"])[:3, : max(map(len, sentences[:3]))]
+    expanded = elmo(torch.stack([ids] * 2, dim=1), torch.stack([words] * 2, dim=1))["elmo_representations"][0]
+    alone = elmo(ids, words)["elmo_representations"][0]
+    assert expanded.shape == (3, 2, *alone.shape[1:])
+    np.testing.assert_array_equal(expanded[:, 1].detach().numpy(), alone.detach().numpy())
+
+
 def test_batch_to_ids_is_allennlps_and_goes_back_to_the_tokens(sentences, reference):
     want, _ = reference
     ids = batch_to_ids(sentences)
@@ -140,7 +172,7 @@ def test_the_mix_learns_and_what_the_service_cannot_do_is_refused(server, senten
         optimizer.step()
     assert elmo(ids)["elmo_representations"][0].pow(2).mean() < before  # gradients reach the mix
     assert elmo.get_output_dim() == 32 and elmo.num_layers == 3
-    for refused in ({"requires_grad": True}, {"vocab_to_cache": ["a"]}, {"module": torch.nn.Linear(1, 1)}):
+    for refused in ({"requires_grad": True}, {"module": torch.nn.Linear(1, 1)}):
         with pytest.raises(ConfigurationError, match="not supported by the service's Elmo"):
             Elmo(None, None, 1, url=server.url, **refused)
     with pytest.raises(FileNotFoundError, match=r"^file /nowhere/options\.json not found$"):
@@ -162,8 +194,8 @@ def test_the_bilm_is_allennlps_elmo_bilm(server, sentences, expected):
 
 
 # allennlp 2.10.1's tests/modules/elmo_test.py, the TestElmo cases that need no torch biLM of ours (test_elmo,
-# test_elmo_4D_input; the others pass a module or cache a vocabulary: refused above), asserted again here on the
-# same sentences (allennlp's file needs its data classes to run, so it is not vendored).
+# test_elmo_4D_input; of the others, module= is refused above and the cached vocabulary tested above), asserted
+# again here on the same sentences (allennlp's file needs its data classes to run, so it is not vendored).
 ALLENNLP_SENTENCES = [["The", "sentence", "."], ["ELMo", "helps", "disambiguate", "ELMo", "from", "Elmo", "."]]
 
 
