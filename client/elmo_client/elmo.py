@@ -16,8 +16,9 @@ gradients reach the mix as in allennlp. Parameter names are allennlp's (`scalar_
 The differences (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True`
 and `module` are refused, saying why); its vectors are stateless. `vocab_to_cache` and `word_inputs` have
 allennlp's meaning: the ids' words are sent, and the server computes their layer 0 as from their characters.
-Character ids go back to tokens (the inverse of allennlp's mapping): exact for every token of at most 48 UTF-8
-bytes, the ids' limit, as for allennlp's own biLM."""
+Character ids go back to the text the server reads (elmo_client/char_ids.py): the same ids, so the same vectors,
+for every token allennlp's `batch_to_ids` makes, a long one cut inside a character included; ids that no token
+has are refused, naming the position."""
 
 from __future__ import annotations
 
@@ -29,23 +30,10 @@ import numpy as np
 import torch
 
 from elmo_client.allennlp import ConfigurationError
+from elmo_client.char_ids import MAX_WORD_LENGTH, InvalidIds, sentence_tokens, token_ids
 from elmo_client.client import Client
 
 log = logging.getLogger("elmo_client.elmo")
-# allennlp's ELMoCharacterMapper: a token is 50 ids, byte + 1, between begin- and end-of-word marks; 0 pads.
-MAX_WORD_LENGTH = 50
-BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
-SPECIAL = {BOS_CHAR: "<S>", EOS_CHAR: "</S>"}  # tokens written as one special character, as allennlp maps them
-
-
-def _char_ids(token: str) -> list[int]:
-    ids = [PAD_CHAR] * MAX_WORD_LENGTH
-    special = {text: char for char, text in SPECIAL.items()}.get(token)
-    content = [special] if special is not None else list(token.encode("utf-8", "ignore")[: MAX_WORD_LENGTH - 2])
-    ids[0] = BOW_CHAR
-    ids[1 : len(content) + 1] = content
-    ids[len(content) + 1] = EOW_CHAR
-    return [i + 1 for i in ids]
 
 
 def batch_to_ids(batch: list[list[str]]) -> torch.Tensor:
@@ -54,26 +42,18 @@ def batch_to_ids(batch: list[list[str]]) -> torch.Tensor:
     ids = torch.zeros((len(batch), max((len(s) for s in batch), default=0), MAX_WORD_LENGTH), dtype=torch.long)
     for i, sentence in enumerate(batch):
         for j, token in enumerate(sentence):
-            ids[i, j] = torch.tensor(_char_ids(token))
+            ids[i, j] = torch.tensor(token_ids(token))
     return ids
 
 
 def ids_to_tokens(ids: torch.Tensor) -> list[list[str]]:
-    """The tokens of character ids (batch, timesteps, 50): batch_to_ids's inverse (see the module's docstring)."""
-    sentences = []
-    for row in ids.detach().cpu().numpy():
-        tokens = []
-        for word in row:
-            if not word.any():
-                break  # padding: the sentence ended
-            chars = [int(c) - 1 for c in word[1:]]
-            content = chars[: chars.index(EOW_CHAR)]
-            if len(content) == 1 and content[0] in SPECIAL:
-                tokens.append(SPECIAL[content[0]])
-            else:  # a cut in the middle of a character (a token over 48 bytes) loses that character's bytes
-                tokens.append(bytes(content).decode("utf-8", "ignore"))
-        sentences.append(tokens)
-    return sentences
+    """The tokens of character ids (batch, timesteps, 50) as the server reads them: batch_to_ids's inverse where
+    the ids are a token's whole (elmo_client/char_ids.py). Ids that no token has: ConfigurationError, naming the
+    position (`inputs[i][j]`)."""
+    try:
+        return [sentence_tokens(row, f"inputs[{i}]") for i, row in enumerate(ids.detach().cpu().numpy())]
+    except InvalidIds as err:
+        raise ConfigurationError(f"Elmo: {err}: not a token's character ids (as batch_to_ids makes them)") from None
 
 
 class ScalarMix(torch.nn.Module):

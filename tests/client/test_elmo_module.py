@@ -1,8 +1,8 @@
 """elmo_client.elmo (the torch extra) against allennlp 2.10.1's own Elmo on the fixture model, run in the allennlp
 environment (tests/allennlp_reference/elmo_module.py): the same character ids, masks and representations to 1e-5
 with the same mix parameters and dropout seed, and the same gradients on the mix parameters; with layer norm (its
-statistics over the sentence boundaries too, as allennlp's), with the boundaries kept, and with a cached vocabulary's
-word ids."""
+statistics over the sentence boundaries too, as allennlp's), with the boundaries kept, with a cached vocabulary's
+word ids, and on long tokens cut inside a character."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ from tests.allennlp_reference import run_allennlp  # noqa: E402
 from tests.live_server import running_server  # noqa: E402
 
 MIXES = [[0.3, -0.2, 0.5, 1.7], [-1.0, 0.0, 2.0, 0.6]]  # per representation: the 3 weights (before softmax), gamma
+# Tokens over 48 UTF-8 bytes whose 48th byte is inside a character (its first 1, 2 or 3 bytes kept), with the
+# leads that constrain the next byte (E0, ED, F0), and others that batch_to_ids treats specially.
+LONG = [
+    ["x" * 47 + "ü", "y" * 46 + "€z", "w" * 45 + "😀", "a" * 47 + "😀", "u" * 47 + "\u0800", "t" * 47 + "\ud7ff"],
+    ["v" * 47 + "𐍈", "中" * 17, "ä" * 25, "naïve", "", " ", "<S>", "</S>", "."],
+    ["b" * 46 + "😀", "short"],
+]
 CASES = [
     {"name": "plain", "do_layer_norm": False, "dropout": 0.0, "seed": 1, "fixed": None, "mixes": MIXES},
     {"name": "layer_norm", "do_layer_norm": True, "dropout": 0.0, "seed": 1, "fixed": None, "mixes": MIXES},
@@ -31,6 +38,8 @@ CASES = [
      "keep_sentence_boundaries": True},
     {"name": "keep_layer_norm", "do_layer_norm": True, "dropout": 0.5, "seed": 3, "fixed": None, "mixes": MIXES,
      "keep_sentence_boundaries": True},
+    {"name": "long", "do_layer_norm": False, "dropout": 0.0, "seed": 1, "fixed": None, "mixes": MIXES,
+     "sentences": LONG},
     {"name": "vocab", "do_layer_norm": False, "dropout": 0.0, "seed": 1, "fixed": None, "mixes": MIXES},
 ]  # fmt: skip
 OPTIONS = {"do_layer_norm", "dropout", "keep_sentence_boundaries"}  # what a case gives Elmo (and allennlp's)
@@ -92,7 +101,7 @@ def ours(case, server, sentences, targets):
     elmo.train(case["dropout"] > 0)
     torch.manual_seed(case["seed"])
     words = torch.tensor(case["word_ids"]) if "word_ids" in case else None
-    result = elmo(batch_to_ids(sentences), words)
+    result = elmo(batch_to_ids(case.get("sentences", sentences)), words)
     if case["fixed"] is None:  # fixed mix parameters: nothing to differentiate
         sum(loss_of(r, targets[k]) for k, r in enumerate(result["elmo_representations"])).backward()
     grads = [None if case["fixed"] else torch.cat([*(p.grad for p in m.scalar_parameters), m.gamma.grad]).numpy()
@@ -137,8 +146,12 @@ def test_word_inputs_of_a_cached_vocabulary_are_the_character_ids_layers(cases, 
     vocab = next(c for c in cases if c["name"] == "vocab")
     by_chars, _ = ours(plain, server, sentences, targets)
     by_words, _ = ours(vocab, server, sentences, targets)
-    for a, b in zip(by_chars["elmo_representations"], by_words["elmo_representations"], strict=True):
+    # an id outside the vocabulary: the characters are read instead, as allennlp backs off to them
+    outside = {**vocab, "word_ids": [[len(vocab["vocab_to_cache"]), *row[1:]] for row in vocab["word_ids"]]}
+    by_chars_again, _ = ours(outside, server, sentences, targets)
+    for a, b, c in zip(*(r["elmo_representations"] for r in (by_chars, by_words, by_chars_again)), strict=True):
         np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+        np.testing.assert_array_equal(a.detach().numpy(), c.detach().numpy())
     # 3-D word ids (allennlp's test_elmo_bilm_can_handle_higher_dimensional_input_with_cache): each slice the same
     elmo = Elmo(None, None, 1, dropout=0.0, vocab_to_cache=vocab["vocab_to_cache"], url=server.url)
     ids, words = batch_to_ids(sentences[:3]), torch.tensor(vocab["word_ids"])[:3, : max(map(len, sentences[:3]))]
@@ -148,13 +161,39 @@ def test_word_inputs_of_a_cached_vocabulary_are_the_character_ids_layers(cases, 
     np.testing.assert_array_equal(expanded[:, 1].detach().numpy(), alone.detach().numpy())
 
 
-def test_batch_to_ids_is_allennlps_and_goes_back_to_the_tokens(sentences, reference):
+def test_batch_to_ids_is_allennlps_and_goes_back_to_the_text_the_server_reads(sentences, reference):
     want, _ = reference
     ids = batch_to_ids(sentences)
     np.testing.assert_array_equal(ids.numpy(), want["plain/ids"])
+    np.testing.assert_array_equal(batch_to_ids(LONG).numpy(), want["long/ids"])
     assert ids.dtype == torch.long and ids_to_tokens(ids) == sentences
     tricky = [["<S>", "</S>", "naïve", "ü" * 30], ["x" * 60], []]  # ü is 2 bytes: cut inside none of them at 48
     assert ids_to_tokens(batch_to_ids(tricky)) == [["<S>", "</S>", "naïve", "ü" * 24], ["x" * 48], []]
+    # cut inside a character: the text sent completes it, so that its first 48 bytes are the ids' own
+    for sentence, back in zip(LONG, ids_to_tokens(batch_to_ids(LONG)), strict=True):
+        for token, text in zip(sentence, back, strict=True):
+            assert text.encode()[:48] == token.encode()[:48] and len(text.encode()) <= 48 + 3
+
+
+@pytest.mark.parametrize(
+    ("where", "ids", "message"),
+    [
+        ((0, 1, 5), 300, r"inputs\[0\]\[1\]: id 300 is not a byte's"),
+        ((1, 0, 0), 7, r"inputs\[1\]\[0\]: a token's ids begin with 259"),
+        ((0, 2, 10), 7, r"inputs\[0\]\[2\]: ids other than padding \(261\) after the end of word"),
+        ((0, 0, 2), 0x100, r"inputs\[0\]\[0\]: bytes b'\\xff' at byte 1 are not UTF-8"),
+        ((0, 1, 6), 0, r"inputs\[0\]\[1\]: no end of word \(260\)"),
+        (None, None, r"inputs\[1\]\[3\]: a token after the sentence's end \(position 2 is padding\)"),
+    ],
+)
+def test_ids_that_no_token_has_are_refused_naming_the_position(where, ids, message):
+    batch = batch_to_ids([["Hello", "world", "again", "."], ["One", "more"]])
+    if where is None:  # a whole token after the end
+        batch[1, 3] = batch_to_ids([["late"]])[0, 0]
+    else:
+        batch[where] = ids
+    with pytest.raises(ConfigurationError, match=message):
+        ids_to_tokens(batch)
 
 
 def test_the_mix_learns_and_what_the_service_cannot_do_is_refused(server, sentences):
