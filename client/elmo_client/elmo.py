@@ -11,20 +11,21 @@ allennlp's mix sees them: `keep_sentence_boundaries`, `do_layer_norm`); this mod
 `ScalarMix` semantics (softmax-normalised weights and gamma, trained with the task unless `scalar_mix_parameters`
 fixes them; `do_layer_norm` over the unmasked positions, boundaries included; dropout on each representation), so
 gradients reach the mix as in allennlp. Parameter names are allennlp's (`scalar_mix_0.scalar_parameters.0`,
-`scalar_mix_0.gamma`), so a mix trained with allennlp loads with `load_state_dict(..., strict=False)`.
+`scalar_mix_0.gamma`), so an allennlp `Elmo`'s state loads (its biLM's keys are ignored, saying so).
 
-The differences (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True`
-and `module` are refused, saying why); its vectors are stateless. `vocab_to_cache` and `word_inputs` have
-allennlp's meaning: the ids' words are sent, and the server computes their layer 0 as from their characters.
-Character ids go back to the text the server reads (elmo_client/char_ids.py): the same ids, so the same vectors,
-for every token allennlp's `batch_to_ids` makes, a long one cut inside a character included; ids that no token
-has are refused, naming the position."""
+What differs (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True` and
+`module` are refused, saying why), and its vectors are stateless (`_elmo_lstm._elmo_lstm.reset_states()` is there,
+and has nothing to reset). `vocab_to_cache` and `word_inputs` have allennlp's meaning: the ids' words are sent, and
+the server computes their layer 0 as from their characters. Character ids go back to the text the server reads
+(elmo_client/char_ids.py): the same ids, so the same vectors, for every token allennlp's `batch_to_ids` makes, a
+long one cut inside a character included; ids that no token has are refused, naming the position."""
 
 from __future__ import annotations
 
 import logging
 import os
 import warnings
+from collections import Counter
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ from elmo_client.char_ids import MAX_WORD_LENGTH, InvalidIds, sentence_tokens, t
 from elmo_client.client import Client
 
 log = logging.getLogger("elmo_client.elmo")
+BILM_KEYS = "_elmo_lstm."  # where an allennlp Elmo's state keeps its biLM (the char-CNN and the LSTMs)
 
 
 def batch_to_ids(batch: list[list[str]]) -> torch.Tensor:
@@ -100,6 +102,14 @@ def _layer_norm(tensor: torch.Tensor, broadcast_mask: torch.Tensor, count: torch
     return (tensor - mean) / torch.sqrt(variance + tiny)
 
 
+class _Stateless:
+    """allennlp's ElmoLstm as far as code written for allennlp reaches into it: the served biLM keeps no state
+    between batches, so there is none to reset."""
+
+    def reset_states(self) -> None:
+        return None
+
+
 class _ServedBiLm(torch.nn.Module):
     """allennlp's _ElmoBiLm (`Elmo._elmo_lstm`), its layers computed by the server: `forward(inputs, word_inputs)`
     returns {"activations": num_layers tensors (batch, timesteps + 2, dim), "mask": (batch, timesteps + 2)}, the
@@ -109,6 +119,7 @@ class _ServedBiLm(torch.nn.Module):
         super().__init__()
         self._client, self._model, self.num_layers, self._dim = client, model, num_layers, dim
         self._vocab = vocab
+        self._elmo_lstm = _Stateless()
 
     def get_output_dim(self) -> int:
         return self._dim
@@ -252,3 +263,15 @@ class Elmo(torch.nn.Module):
             "elmo_representations": [r.reshape(*lead, size, -1) for r in representations],
             "mask": out_mask.reshape(*lead, size),
         }
+
+    def load_state_dict(self, state_dict, strict: bool = True, *args, **kwargs):
+        """allennlp's Elmo state loads: its mixes; its biLM's keys (`_elmo_lstm.*`, the server's model here) are
+        ignored, with a warning that names them."""
+        bilm = [key for key in state_dict if key.startswith(BILM_KEYS)]
+        if bilm:
+            parts = Counter(".".join(key.split(".")[:2]) for key in bilm)
+            listed = ", ".join(f"{part}.* ({n})" for part, n in parts.items())
+            warnings.warn(f"Elmo: {len(bilm)} keys of allennlp's biLM ignored, {listed}: the biLM is the server's "
+                          "model", UserWarning, stacklevel=2)  # fmt: skip
+            state_dict = {key: value for key, value in state_dict.items() if not key.startswith(BILM_KEYS)}
+        return super().load_state_dict(state_dict, strict, *args, **kwargs)

@@ -2,7 +2,7 @@
 environment (tests/allennlp_reference/elmo_module.py): the same character ids, masks and representations to 1e-5
 with the same mix parameters and dropout seed, and the same gradients on the mix parameters; with layer norm (its
 statistics over the sentence boundaries too, as allennlp's), with the boundaries kept, with a cached vocabulary's
-word ids, and on long tokens cut inside a character."""
+word ids, and on long tokens cut inside a character; an allennlp Elmo's state loads strictly."""
 
 from __future__ import annotations
 
@@ -62,8 +62,10 @@ def server(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cases(sentences) -> list[dict]:
-    return [with_vocabulary(c, sentences) if c["name"] == "vocab" else c for c in CASES]
+def cases(sentences, tmp_path_factory) -> list[dict]:
+    state = tmp_path_factory.mktemp("elmo-module-state") / "plain.pt"
+    return [with_vocabulary(c, sentences) if c["name"] == "vocab" else {**c, "state": str(state)}
+            if c["name"] == "plain" else c for c in CASES]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +89,20 @@ def loss_of(representation, target):
     return (representation * target[:batch, :timesteps]).sum()
 
 
-def ours(case, server, sentences, targets):
+def ours(case, server, sentences, targets, state=None):
     """The service-backed Elmo on the case: its output and the gradients of the same loss on each mix."""
     options = {k: v for k, v in case.items() if k in OPTIONS}
     elmo = Elmo(None, None, len(case["mixes"]), scalar_mix_parameters=case["fixed"], url=server.url,
                 vocab_to_cache=case.get("vocab_to_cache"), **options)  # fmt: skip
     mixes = [getattr(elmo, f"scalar_mix_{k}") for k in range(len(case["mixes"]))]
-    with torch.no_grad():
-        for mix, values in zip(mixes, case["mixes"], strict=True):
-            for parameter, value in zip(mix.scalar_parameters, values[:-1], strict=True):
-                parameter.fill_(value)
-            mix.gamma.fill_(values[-1])
+    if state is not None:
+        elmo.load_state_dict(state)  # strict
+    else:
+        with torch.no_grad():
+            for mix, values in zip(mixes, case["mixes"], strict=True):
+                for parameter, value in zip(mix.scalar_parameters, values[:-1], strict=True):
+                    parameter.fill_(value)
+                mix.gamma.fill_(values[-1])
     elmo.train(case["dropout"] > 0)
     torch.manual_seed(case["seed"])
     words = torch.tensor(case["word_ids"]) if "word_ids" in case else None
@@ -144,7 +149,7 @@ def test_word_inputs_of_a_cached_vocabulary_are_the_character_ids_layers(cases, 
     _, targets = reference
     plain = next(c for c in cases if c["name"] == "plain")
     vocab = next(c for c in cases if c["name"] == "vocab")
-    by_chars, _ = ours(plain, server, sentences, targets)
+    by_chars, _ = ours({**plain, "state": None}, server, sentences, targets)
     by_words, _ = ours(vocab, server, sentences, targets)
     # an id outside the vocabulary: the characters are read instead, as allennlp backs off to them
     outside = {**vocab, "word_ids": [[len(vocab["vocab_to_cache"]), *row[1:]] for row in vocab["word_ids"]]}
@@ -159,6 +164,21 @@ def test_word_inputs_of_a_cached_vocabulary_are_the_character_ids_layers(cases, 
     alone = elmo(ids, words)["elmo_representations"][0]
     assert expanded.shape == (3, 2, *alone.shape[1:])
     np.testing.assert_array_equal(expanded[:, 1].detach().numpy(), alone.detach().numpy())
+
+
+def test_an_allennlp_elmos_state_loads_strictly_naming_the_biLM_keys_it_ignores(cases, server, sentences, reference,
+                                                                                 capsys):  # fmt: skip
+    want, targets = reference
+    plain = next(c for c in cases if c["name"] == "plain")
+    state = torch.load(plain["state"])
+    bilm = [k for k in state if k.startswith("_elmo_lstm.")]
+    assert len(bilm) == 33 and len(state) == 33 + 8  # allennlp's biLM, and two mixes of 3 weights and a gamma
+    with pytest.warns(UserWarning, match=r"33 keys of allennlp's biLM ignored, _elmo_lstm\._token_embedder\.\* "):
+        result, grads = ours(plain, server, sentences, targets, state=state)
+    assert_equal_to_allennlps(result, grads, want, "plain", sentences, capsys)  # the mixes are allennlp's
+    elmo = Elmo(None, None, 2, url=server.url)
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="Unexpected key"):  # strict for the mixes' keys
+        elmo.load_state_dict({**state, "scalar_mix_2.gamma": torch.ones(1)})
 
 
 def test_batch_to_ids_is_allennlps_and_goes_back_to_the_text_the_server_reads(sentences, reference):
@@ -218,11 +238,14 @@ def test_the_mix_learns_and_what_the_service_cannot_do_is_refused(server, senten
         Elmo("/nowhere/options.json", None, 1, url=server.url)
 
 
-def test_the_bilm_is_allennlps_elmo_bilm(server, sentences, expected):
-    # what allennlp code reaches for: `_elmo_lstm(ids)`, the layers with the boundaries, and their mask
+def test_the_bilm_is_allennlps_elmo_lstm_stateless(server, sentences, expected):
+    # what allennlp code reaches for: `_elmo_lstm(ids)` (the layers with the boundaries, and their mask) and
+    # `_elmo_lstm._elmo_lstm.reset_states()` (nothing to reset: the same vectors before and after)
     elmo = Elmo(None, None, 1, url=server.url)
     ids = batch_to_ids(sentences[:5])
-    first, again = elmo._elmo_lstm(ids), elmo._elmo_lstm(ids)
+    first = elmo._elmo_lstm(ids)
+    elmo._elmo_lstm._elmo_lstm.reset_states()
+    again = elmo._elmo_lstm(ids)
     assert [a.shape for a in first["activations"]] == [(5, ids.shape[1] + 2, 32)] * 3
     assert first["mask"].sum(dim=1).tolist() == [len(s) + 2 for s in sentences[:5]]
     for i, s in enumerate(sentences[:5]):
@@ -252,7 +275,8 @@ def test_allennlps_test_elmo_4d_input(server):
     ids = [batch_to_ids(b) for b in batches]
     four_d = elmo(torch.cat([i.unsqueeze(1) for i in ids], dim=1))  # (2, 3, 7, 50)
     assert list(four_d["elmo_representations"][0].size()) == [2, 3, 7, 32] and list(four_d["mask"].size()) == [2, 3, 7]
-    for k, i in enumerate(ids):  # allennlp resets its biLM's state between these: the service has none to reset
+    for k, i in enumerate(ids):
+        elmo._elmo_lstm._elmo_lstm.reset_states()  # as allennlp's test does: a no-op here
         np.testing.assert_array_almost_equal(
             four_d["elmo_representations"][0][:, k].detach().numpy(),
             elmo(i)["elmo_representations"][0].detach().numpy(),
