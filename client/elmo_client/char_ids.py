@@ -11,6 +11,8 @@ short of the cut) are refused, naming the position."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 MAX_WORD_LENGTH = 50
@@ -49,12 +51,12 @@ def sentence_tokens(rows: np.ndarray, where: str) -> list[str]:
     if present[n:].any():
         later = n + int(present[n:].argmax())
         raise InvalidIds(f"{where}[{later}]", f"a token after the sentence's end (position {n} is padding)")
-    return [token_text(rows[j], f"{where}[{j}]") for j in range(n)]
+    return [token_text(row, f"{where}[{j}]") for j, row in enumerate(rows[:n].tolist())]
 
 
-def token_text(ids: np.ndarray, where: str) -> str:
-    """The text whose character ids are `ids` (50,), as the service reads it (see the module's docstring)."""
-    chars = [int(c) - 1 for c in ids]
+def token_text(ids: Sequence[int], where: str) -> str:
+    """The text whose character ids are `ids` (50), as the service reads it (see the module's docstring)."""
+    chars = [c - 1 for c in ids]
     if len(chars) != MAX_WORD_LENGTH:
         raise InvalidIds(where, f"{len(chars)} character ids; a token has {MAX_WORD_LENGTH}")
     if chars[0] != BOW_CHAR:
