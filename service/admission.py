@@ -97,13 +97,16 @@ class Admission:
                 )
         return [min(n, limit) for n in counts]
 
-    def tokens(self, sentences: list[list[str]], field: str, truncate: bool) -> tuple[list[list[str]], list[dict]]:
-        """The sentences as queued, and what each item reports of its cut: no empty sentence, no lone surrogate
+    def tokens(
+        self, sentences: list[list[str]], field: str, truncate: bool, empty: bool = False
+    ) -> tuple[list[list[str]], list[dict]]:
+        """The sentences as queued, and what each item reports of its cut: no empty sentence (unless `empty`: its
+        boundaries are then all there is to compute), no lone surrogate
         (JSON may escape one; the answer could not echo it as UTF-8), at most `max_tokens_per_sentence` tokens
         each; with `truncate` a longer one is cut to its first that many (TEI's auto-truncate) instead of a 413."""
         limit = self.settings.max_tokens_per_sentence
         for i, tokens in enumerate(sentences):
-            if not tokens:
+            if not tokens and not empty:
                 raise InvalidRequest("empty sentence", f"{field}[{i}]")
             if _has_surrogate(tokens):
                 raise InvalidRequest("not valid Unicode (a lone surrogate such as \\ud800)", f"{field}[{i}]")
@@ -123,12 +126,14 @@ class Admission:
         encoding: str,
         field: str,
         ways_out: str,
+        boundaries: bool = False,
     ) -> int:
-        """The answer's size for vectors of `dim`, estimated before the engine runs; 413 over the limit, naming
-        the ways out."""
-        size = answer_bytes([len(s) for s in sentences], dim, outputs, pooled, encoding)
+        """The answer's size for vectors of `dim` (`boundaries`: two more positions a sentence), estimated before
+        the engine runs; 413 over the limit, naming the ways out."""
+        counts = [len(s) + 2 * boundaries for s in sentences]
+        size = answer_bytes(counts, dim, outputs, pooled, encoding)
         if size > (limit := self.settings.max_answer_bytes):
-            vectors = len(sentences) if pooled else sum(map(len, sentences))
+            vectors = len(sentences) if pooled else sum(counts)
             shape = f"{outputs} x {vectors} vectors of {dim}" if outputs > 1 else f"{vectors} vectors of {dim}"
             raise TooLarge(
                 f"an answer of up to {size} bytes ({shape} numbers as {encoding}); the limit is {limit} bytes per "

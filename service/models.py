@@ -9,6 +9,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from prometheus_client import Counter
@@ -140,7 +141,7 @@ def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
         # unset: the provider's default (a GPU wants far more tokens in flight than 2 CPU cores)
         batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
         batcher = Batcher(
-            engine.run,
+            partial(engine.run, boundaries=True),
             in_flight(engine, settings.window),
             batch_tokens,
             settings.max_wait_ms / 1000,

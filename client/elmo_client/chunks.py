@@ -57,18 +57,19 @@ def plan(
     truncate: bool,
     vector: float = 0.0,
     pooled: bool = False,
+    extra_positions: int = 0,
 ) -> list[range]:
     """Consecutive index ranges covering `sentences`, each at most `max_sentences` long, with a body of at most
     `max_body_bytes` (`fixed_bytes`: the body without sentences), at most `tokens_per_request` queued tokens and
     an answer of at most `max_answer_bytes` (`vector`: the bytes of a token's vectors, a sentence's when
-    `pooled`). A sentence that alone is over a limit gets a request of its own: the server's answer says what
-    is wrong."""
+    `pooled`; `extra_positions`: the vectors a sentence's answer has beyond its tokens, 2 with `boundaries`).
+    A sentence that alone is over a limit gets a request of its own: the server's answer says what is wrong."""
     body_budget = limits.max_body_bytes - fixed_bytes
     runs, start, size, tokens, answer = [], 0, 0, 0, 0.0
     for i, sentence in enumerate(sentences):
         n = estimated_tokens(sentence)
         n = min(n, limits.max_tokens_per_sentence) if truncate else n
-        a = vector * (1 if pooled else n)
+        a = vector * (1 if pooled else n + extra_positions)
         n += BOUNDARY_TOKENS
         b = sentence_bytes(sentence)
         if i > start and (

@@ -199,7 +199,8 @@ class _Base:
         # and a request whose answer turns out too large is answered 413 and split).
         vector = vector_bytes(info, options, wire.ENCODING) if path == "/embed" else 0.0
         truncate, pooled = bool(options.get("truncate")), options.get("pooling") == "mean"
-        return plan(sentences, limits, len(body([], options)), tokens_per_request, truncate, vector, pooled)
+        answered = 2 if options.get("boundaries") else 0  # positions a sentence's answer has beyond its tokens
+        return plan(sentences, limits, len(body([], options)), tokens_per_request, truncate, vector, pooled, answered)
 
     @staticmethod
     def _sentences(sentences) -> list:
@@ -277,16 +278,18 @@ class Client(_Base):
         truncate: bool | None = None,
         model: str | None = None,
         dtype: str | None = None,
+        boundaries: bool | None = None,
     ) -> list[np.ndarray]:
         """One float32 array per sentence, of the server's shape: mix (n_tokens, dim), output="layers"
         (len(layers), n_tokens, dim), mixes (n_mixes, n_tokens, dim); pooling="mean" drops the token axis.
         Options left None take the server's defaults (see the /embed table of the README); `model`: one of the
         server's models (`models()`), None: its default; `dtype="float16"`: float16 arrays, half the bytes over
-        the wire (each number rounded once by the server)."""
+        the wire (each number rounded once by the server); `boundaries=True`: the sentence boundaries' vectors
+        too, first and last (n_tokens + 2 positions; an empty sentence is then its two boundaries)."""
         options = _options(
             output=output, weights=weights, gamma=gamma, normalize=normalize, layer_norm=layer_norm,
             layers=layers, pooling=pooling, mixes=mixes, unit_length=unit_length, truncate=truncate, model=model,
-            dtype=dtype,
+            dtype=dtype, boundaries=boundaries,
         )  # fmt: skip
         return [item.embedding for item in self.embed_items(sentences, **options)]
 
@@ -393,12 +396,13 @@ class AsyncClient(_Base):
         truncate: bool | None = None,
         model: str | None = None,
         dtype: str | None = None,
+        boundaries: bool | None = None,
     ) -> list[np.ndarray]:
         """As Client.embed."""
         options = _options(
             output=output, weights=weights, gamma=gamma, normalize=normalize, layer_norm=layer_norm,
             layers=layers, pooling=pooling, mixes=mixes, unit_length=unit_length, truncate=truncate, model=model,
-            dtype=dtype,
+            dtype=dtype, boundaries=boundaries,
         )  # fmt: skip
         return [item.embedding for item in await self.embed_items(sentences, **options)]
 

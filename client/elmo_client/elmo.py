@@ -6,43 +6,36 @@ one import (needs torch: `pip install 'elmo-client[torch]'`),
 `Elmo(options_file, weight_file, num_output_representations, ...)` called on `batch_to_ids(sentences)` returns
 allennlp's dict: "elmo_representations", a list of `num_output_representations` tensors (batch, timesteps, dim),
 each its own learned scalar mix of the biLM's layers, and "mask" (batch, timesteps), bool. The service computes
-the layers (one request per forward, the layers and not the mix); this module mixes them with allennlp's
-`ScalarMix` semantics (softmax-normalised weights and gamma, trained with the task unless
-`scalar_mix_parameters` fixes them; `do_layer_norm` over the unmasked positions; dropout on each representation),
-so gradients reach the mix as in allennlp. Parameter names are allennlp's (`scalar_mix_0.scalar_parameters.0`,
-`scalar_mix_0.gamma`), so a mix trained with allennlp loads with `load_state_dict(..., strict=False)`.
+the layers (one request per forward, the layers and not the mix; with the sentence boundaries' vectors where
+allennlp's mix sees them: `keep_sentence_boundaries`, `do_layer_norm`); this module mixes them with allennlp's
+`ScalarMix` semantics (softmax-normalised weights and gamma, trained with the task unless `scalar_mix_parameters`
+fixes them; `do_layer_norm` over the unmasked positions, boundaries included; dropout on each representation), so
+gradients reach the mix as in allennlp. Parameter names are allennlp's (`scalar_mix_0.scalar_parameters.0`,
+`scalar_mix_0.gamma`), so an allennlp `Elmo`'s state loads (its biLM's keys are ignored, saying so).
 
-The differences (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True`,
-`vocab_to_cache`, `keep_sentence_boundaries=True` and `module` are refused, saying why); its vectors are
-stateless; with `do_layer_norm=True` the statistics are over the sentences' tokens, where allennlp's include the
-two boundary tokens the service does not return. Character ids go back to tokens (the inverse of allennlp's
-mapping): exact for every token of at most 48 UTF-8 bytes, the ids' limit, as for allennlp's own biLM."""
+What differs (docs/allennlp.md): the biLM is the server's model and is never trained (`requires_grad=True` and
+`module` are refused, saying why), and its vectors are stateless (`_elmo_lstm._elmo_lstm.reset_states()` is there,
+and has nothing to reset). `vocab_to_cache` and `word_inputs` have allennlp's meaning: the ids' words are sent, and
+the server computes their layer 0 as from their characters. Character ids go back to the text the server reads
+(elmo_client/char_ids.py): the same ids, so the same vectors, for every token allennlp's `batch_to_ids` makes, a
+long one cut inside a character included; ids that no token has are refused, naming the position."""
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
+from collections import Counter
 
 import numpy as np
 import torch
 
 from elmo_client.allennlp import ConfigurationError
+from elmo_client.char_ids import MAX_WORD_LENGTH, InvalidIds, sentence_tokens, token_ids
 from elmo_client.client import Client
 
-# allennlp's ELMoCharacterMapper: a token is 50 ids, byte + 1, between begin- and end-of-word marks; 0 pads.
-MAX_WORD_LENGTH = 50
-BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
-SPECIAL = {BOS_CHAR: "<S>", EOS_CHAR: "</S>"}  # tokens written as one special character, as allennlp maps them
-
-
-def _char_ids(token: str) -> list[int]:
-    ids = [PAD_CHAR] * MAX_WORD_LENGTH
-    special = {text: char for char, text in SPECIAL.items()}.get(token)
-    content = [special] if special is not None else list(token.encode("utf-8", "ignore")[: MAX_WORD_LENGTH - 2])
-    ids[0] = BOW_CHAR
-    ids[1 : len(content) + 1] = content
-    ids[len(content) + 1] = EOW_CHAR
-    return [i + 1 for i in ids]
+log = logging.getLogger("elmo_client.elmo")
+BILM_KEYS = "_elmo_lstm."  # where an allennlp Elmo's state keeps its biLM (the char-CNN and the LSTMs)
 
 
 def batch_to_ids(batch: list[list[str]]) -> torch.Tensor:
@@ -51,26 +44,18 @@ def batch_to_ids(batch: list[list[str]]) -> torch.Tensor:
     ids = torch.zeros((len(batch), max((len(s) for s in batch), default=0), MAX_WORD_LENGTH), dtype=torch.long)
     for i, sentence in enumerate(batch):
         for j, token in enumerate(sentence):
-            ids[i, j] = torch.tensor(_char_ids(token))
+            ids[i, j] = torch.tensor(token_ids(token))
     return ids
 
 
 def ids_to_tokens(ids: torch.Tensor) -> list[list[str]]:
-    """The tokens of character ids (batch, timesteps, 50): batch_to_ids's inverse (see the module's docstring)."""
-    sentences = []
-    for row in ids.detach().cpu().numpy():
-        tokens = []
-        for word in row:
-            if not word.any():
-                break  # padding: the sentence ended
-            chars = [int(c) - 1 for c in word[1:]]
-            content = chars[: chars.index(EOW_CHAR)]
-            if len(content) == 1 and content[0] in SPECIAL:
-                tokens.append(SPECIAL[content[0]])
-            else:  # a cut in the middle of a character (a token over 48 bytes) loses that character's bytes
-                tokens.append(bytes(content).decode("utf-8", "ignore"))
-        sentences.append(tokens)
-    return sentences
+    """The tokens of character ids (batch, timesteps, 50) as the server reads them: batch_to_ids's inverse where
+    the ids are a token's whole (elmo_client/char_ids.py). Ids that no token has: ConfigurationError, naming the
+    position (`inputs[i][j]`)."""
+    try:
+        return [sentence_tokens(row, f"inputs[{i}]") for i, row in enumerate(ids.detach().cpu().numpy())]
+    except InvalidIds as err:
+        raise ConfigurationError(f"Elmo: {err}: not a token's character ids (as batch_to_ids makes them)") from None
 
 
 class ScalarMix(torch.nn.Module):
@@ -117,6 +102,72 @@ def _layer_norm(tensor: torch.Tensor, broadcast_mask: torch.Tensor, count: torch
     return (tensor - mean) / torch.sqrt(variance + tiny)
 
 
+class _Stateless:
+    """allennlp's ElmoLstm as far as code written for allennlp reaches into it: the served biLM keeps no state
+    between batches, so there is none to reset."""
+
+    def reset_states(self) -> None:
+        return None
+
+
+class _ServedBiLm(torch.nn.Module):
+    """allennlp's _ElmoBiLm (`Elmo._elmo_lstm`), its layers computed by the server: `forward(inputs, word_inputs)`
+    returns {"activations": num_layers tensors (batch, timesteps + 2, dim), "mask": (batch, timesteps + 2)}, the
+    sentence boundaries included, as allennlp's. No parameters, no state."""
+
+    def __init__(self, client: Client, model: str | None, num_layers: int, dim: int, vocab: list[str] | None):
+        super().__init__()
+        self._client, self._model, self.num_layers, self._dim = client, model, num_layers, dim
+        self._vocab = vocab
+        self._elmo_lstm = _Stateless()
+
+    def get_output_dim(self) -> int:
+        return self._dim
+
+    def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> dict:
+        activations, mask = self.layers(inputs, word_inputs, boundaries=True)
+        return {"activations": activations, "mask": mask}
+
+    def layers(
+        self, inputs: torch.Tensor, word_inputs: torch.Tensor | None, boundaries: bool
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The server's layers of the batch, zeros past each sentence's end: num_layers tensors (batch, timesteps,
+        dim), and the mask (batch, timesteps); with `boundaries`, timesteps + 2 with <S> and </S> in them.
+        `inputs`: character ids (batch, timesteps, 50); `word_inputs`: ids (batch, timesteps) of words in
+        vocab_to_cache (0: padding), read instead where given and every id is in the vocabulary (else allennlp too
+        reads the characters)."""
+        sentences = self._words(word_inputs) if word_inputs is not None else None
+        source = inputs if sentences is None else word_inputs
+        if sentences is None:
+            sentences = ids_to_tokens(inputs)
+        timesteps = source.shape[1]
+        extra = 2 if boundaries else 0
+        batch = np.zeros((self.num_layers, len(sentences), timesteps + extra, self._dim), dtype=np.float32)
+        mask = torch.zeros((len(sentences), timesteps + extra), dtype=torch.bool)
+        # an empty sentence is its two boundaries (allennlp computes them); without them there is nothing to ask
+        given = [i for i, s in enumerate(sentences) if s or boundaries]
+        asked = [sentences[i] for i in given]
+        options = {"boundaries": True} if boundaries else {}
+        embedded = self._client.embed(asked, output="layers", model=self._model, **options) if given else []
+        for i, layers in zip(given, embedded, strict=True):
+            batch[:, i, : layers.shape[1]] = layers
+            mask[i, : layers.shape[1]] = True
+        return list(torch.from_numpy(batch).to(inputs.device)), mask.to(inputs.device)
+
+    def _words(self, word_inputs: torch.Tensor) -> list[list[str]] | None:
+        """The words of vocab_to_cache ids (batch, timesteps), each sentence up to its first 0; None where an id is
+        not in the vocabulary."""
+        ids = word_inputs.detach().cpu().numpy()
+        if self._vocab is None or ids.min(initial=0) < 0 or ids.max(initial=0) >= len(self._vocab):
+            return None
+        return [[self._vocab[k] for k in row[: _length(row > 0)]] for row in ids]
+
+
+def _length(present: np.ndarray) -> int:
+    """The positions before the first that is not `present`."""
+    return len(present) if present.all() else int(present.argmin())
+
+
 class Elmo(torch.nn.Module):
     """allennlp's Elmo (its signature, its output): see the module's docstring. `url`, `api_key`, `client`,
     `model`, `timeout`: the service, as for elmo_client.Client (default $ELMO_URL, else http://127.0.0.1:8000)."""
@@ -143,8 +194,6 @@ class Elmo(torch.nn.Module):
         super().__init__()
         refused = {
             "requires_grad=True": (requires_grad, "the service's biLM is not trained here: only the mix is"),
-            "vocab_to_cache": (vocab_to_cache is not None, "the server computes every token's characters"),
-            "keep_sentence_boundaries=True": (keep_sentence_boundaries, "the service returns the tokens' vectors"),
             "module": (module is not None, "the biLM is the server's model"),
         }
         for name, (given, why) in refused.items():
@@ -153,52 +202,76 @@ class Elmo(torch.nn.Module):
         for given in (options_file, weight_file):
             if given is not None and "://" not in given and not os.path.exists(given):
                 raise FileNotFoundError(f"file {given} not found")  # allennlp's cached_path, in its words
-        self._files_given = options_file is not None or weight_file is not None
-        self._client = client or Client(
+        client = client or Client(
             url or os.environ.get("ELMO_URL"), api_key or os.environ.get("ELMO_API_KEY"), timeout=timeout
         )
-        self._model = model
-        info = self._client.info()
+        info = client.info()
         if model is not None and info.get("models"):
             info = {**info["models"][model], "model": model}
-        self.num_layers, self._dim = int(info["num_layers"]), int(info["dim"])
-        if self._files_given:
-            warnings.warn(f"Elmo: options_file and weight_file are not used: the server at {self._client.url} "
-                          f"computes the layers with its model {info.get('model')!r} ({self.num_layers} layers of "
-                          f"{self._dim})", UserWarning, stacklevel=2)  # fmt: skip
+        num_layers, dim = int(info["num_layers"]), int(info["dim"])
+        if options_file is not None or weight_file is not None:
+            warnings.warn(f"Elmo: options_file and weight_file are not used: the server at {client.url} "
+                          f"computes the layers with its model {info.get('model')!r} ({num_layers} layers of "
+                          f"{dim})", UserWarning, stacklevel=2)  # fmt: skip
+        vocab = list(vocab_to_cache) if vocab_to_cache is not None else None
+        self._elmo_lstm = _ServedBiLm(client, model, num_layers, dim, vocab)
+        self._has_cached_vocab = vocab is not None
+        self._keep_sentence_boundaries = keep_sentence_boundaries
+        # allennlp's mix sees the boundaries whenever it normalises the layers, or keeps them in the output
+        self._boundaries = keep_sentence_boundaries or do_layer_norm
         self._dropout = torch.nn.Dropout(p=dropout)
         self._scalar_mixes = []
         for k in range(num_output_representations):
-            mix = ScalarMix(self.num_layers, do_layer_norm, scalar_mix_parameters, scalar_mix_parameters is None)
+            mix = ScalarMix(num_layers, do_layer_norm, scalar_mix_parameters, scalar_mix_parameters is None)
             self.add_module(f"scalar_mix_{k}", mix)
             self._scalar_mixes.append(mix)
 
+    @property
+    def num_layers(self) -> int:
+        return self._elmo_lstm.num_layers
+
     def get_output_dim(self) -> int:
-        return self._dim
+        return self._elmo_lstm.get_output_dim()
 
     def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> dict:
-        """inputs: character ids (batch, timesteps, 50) from batch_to_ids (or (..., timesteps, 50)). Returns
+        """inputs: character ids (batch, timesteps, 50) from batch_to_ids (or (..., timesteps, 50)); word_inputs:
+        with vocab_to_cache, ids (batch, timesteps) (or (..., timesteps)) of its words. Returns
         {"elmo_representations": [(batch, timesteps, dim)] x num_output_representations, "mask": (batch,
-        timesteps) bool}, zeros past each sentence's end, as allennlp's."""
-        if word_inputs is not None:
-            raise ConfigurationError("Elmo: word_inputs need vocab_to_cache, which the service's Elmo does not have")
+        timesteps) bool} (timesteps + 2 with keep_sentence_boundaries), as allennlp's."""
         shape = inputs.shape
-        ids = inputs.reshape(-1, shape[-2], shape[-1])
-        mask = (ids > 0).any(dim=-1)  # (batch, timesteps)
-        layers = self._layers(ids_to_tokens(ids), ids.shape[1], inputs.device)  # num_layers x (batch, time, dim)
+        ids = inputs.reshape(-1, shape[-2], shape[-1]) if len(shape) > 3 else inputs
+        words = None
+        if word_inputs is not None:
+            if not self._has_cached_vocab:
+                log.warning("Word inputs were passed to ELMo but it does not have a cached vocab.")  # allennlp's
+            else:
+                words = word_inputs.reshape(-1, word_inputs.shape[-1]) if word_inputs.dim() > 2 else word_inputs
+        layers, mask = self._elmo_lstm.layers(ids, words, self._boundaries)
         representations = []
         for mix in self._scalar_mixes:
-            mixed = mix(layers, mask) * mask.unsqueeze(-1)  # allennlp leaves zeros past the end, layer norm or not
-            representations.append(self._dropout(mixed).reshape(*shape[:-1], -1))
-        return {"elmo_representations": representations, "mask": mask.reshape(shape[:-1])}
+            mixed = mix(layers, mask)
+            if self._keep_sentence_boundaries:
+                out, out_mask = mixed, mask
+            elif self._boundaries:  # allennlp's remove_sentence_boundaries: token j at j, zeros past the end
+                out_mask = mask[:, 2:].clone()
+                out = mixed[:, 1:-1] * out_mask.unsqueeze(-1)
+            else:  # allennlp leaves zeros past the end
+                out, out_mask = mixed * mask.unsqueeze(-1), mask
+            representations.append(self._dropout(out))
+        lead, size = word_inputs.shape[:-1] if words is not None else shape[:-2], out_mask.shape[-1]
+        return {
+            "elmo_representations": [r.reshape(*lead, size, -1) for r in representations],
+            "mask": out_mask.reshape(*lead, size),
+        }
 
-    def _layers(self, sentences: list[list[str]], timesteps: int, device: torch.device) -> list[torch.Tensor]:
-        """The server's layers of the sentences, padded with zeros: one (batch, timesteps, dim) tensor a layer."""
-        batch = np.zeros((self.num_layers, len(sentences), timesteps, self._dim), dtype=np.float32)
-        given = [i for i, s in enumerate(sentences) if s]
-        embedded = (
-            self._client.embed([sentences[i] for i in given], output="layers", model=self._model) if given else []
-        )
-        for i, layers in zip(given, embedded, strict=True):
-            batch[:, i, : layers.shape[1]] = layers
-        return list(torch.from_numpy(batch).to(device))
+    def load_state_dict(self, state_dict, strict: bool = True, *args, **kwargs):
+        """allennlp's Elmo state loads: its mixes; its biLM's keys (`_elmo_lstm.*`, the server's model here) are
+        ignored, with a warning that names them."""
+        bilm = [key for key in state_dict if key.startswith(BILM_KEYS)]
+        if bilm:
+            parts = Counter(".".join(key.split(".")[:2]) for key in bilm)
+            listed = ", ".join(f"{part}.* ({n})" for part, n in parts.items())
+            warnings.warn(f"Elmo: {len(bilm)} keys of allennlp's biLM ignored, {listed}: the biLM is the server's "
+                          "model", UserWarning, stacklevel=2)  # fmt: skip
+            state_dict = {key: value for key, value in state_dict.items() if not key.startswith(BILM_KEYS)}
+        return super().load_state_dict(state_dict, strict, *args, **kwargs)

@@ -38,13 +38,15 @@ async def embed(body: EmbedRequest, request: Request):
         raise InvalidRequest('float16 only with "encoding": "base64" or an .npz answer (Accept: application/x-npz)',
                              "dtype")  # fmt: skip
     output = requested_output(body, model.num_layers)
-    sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, model.language)
+    sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, model.language,
+                                      empty=body.boundaries)  # fmt: skip
     pooled, smaller = body.pooling == "mean", "" if npz else '"encoding": "base64", '  # .npz: the smallest already
     ways_out = f'"pooling": "mean", {smaller}fewer layers or mixes, or fewer sentences per request'
-    size = reserve_answer(request, model, sentences, output.count, pooled, encoding, "sentences", ways_out)
+    size = reserve_answer(request, model, sentences, output.count, pooled, encoding, "sentences", ways_out,
+                          body.boundaries)  # fmt: skip
     results = await embedded(request, model, sentences, "sentences")
     answer = partial(embed_answer, body, model, output, sentences, results, cuts, encoding)
-    numbers = sum(map(len, sentences)) * model.dim * output.reads
+    numbers = (sum(map(len, sentences)) + 2 * body.boundaries * len(sentences)) * model.dim * output.reads
     # The same request answers JSON or .npz by its Accept header: caches must tell them apart.
     headers = {"vary": "accept"}
     observe = runtime(request).metrics.observe_stage
@@ -110,14 +112,18 @@ def embed_answer(
     encoding: str,
     stop: threading.Event | None = None,
 ) -> dict:
-    """The answer of /embed, composed sentence by sentence (Abandoned once `stop` is set: the client has gone)."""
+    """The answer of /embed, composed sentence by sentence (Abandoned once `stop` is set: the client has gone).
+    With `boundaries`, each sentence's tokens and layers begin and end with the model's boundary tokens."""
     data = []
+    begin, end = model.engine.mapping.boundaries
     for i, (tokens, layers, cut) in enumerate(zip(sentences, results, cuts, strict=True)):
         if stop is not None and stop.is_set():
             raise Abandoned
         single_mix = body.mixes is None
-        out = compose(layers.result(), body.output, output.layer_ids, output.mixes, body.pooling, single_mix,
-                      body.unit_length)  # fmt: skip
+        if body.boundaries:
+            tokens = [begin, *tokens, end]
+        out = compose(layers.result(boundaries=body.boundaries), body.output, output.layer_ids, output.mixes,
+                      body.pooling, single_mix, body.unit_length)  # fmt: skip
         half = {}
         if body.dtype == "float16":  # rounded once, after the mix and pooling: half the bytes
             out, half = out.astype(np.float16), {"dtype": "float16"}

@@ -25,12 +25,12 @@ log = logging.getLogger("elmo.service")
 
 
 async def tokenized(
-    request: Request, items: list, field: str, truncate: bool, language: str
+    request: Request, items: list, field: str, truncate: bool, language: str, empty: bool = False
 ) -> tuple[list[list[str]], list[dict]]:
-    """The request's sentences as tokens (texts by the Moses rules of `language`, the model's) within the limits,
-    and what each item reports of its cut. Refused on cheap counts first, so an oversized request costs no
-    tokenization; texts are tokenized off the event loop (Moses takes seconds on a long text, and the loop must
-    keep answering everyone else)."""
+    """The request's sentences as tokens (texts by the Moses rules of `language`, the model's) within the limits
+    (an empty sentence only where `empty`), and what each item reports of its cut. Refused on cheap counts first,
+    so an oversized request costs no tokenization; texts are tokenized off the event loop (Moses takes seconds on a
+    long text, and the loop must keep answering everyone else)."""
     parts = runtime(request)
     parts.admission.before_tokenizing(items, field, truncate)
     sentences, at_least = items, {}
@@ -47,7 +47,7 @@ async def tokenized(
                 stop.set()  # done already, or its texts leave the line
             if span is not None:
                 span.set_attribute("elmo.tokens", sum(map(len, sentences)))
-    tokens, cuts = parts.admission.tokens(sentences, field, truncate)
+    tokens, cuts = parts.admission.tokens(sentences, field, truncate, empty)
     for i, words in at_least.items():  # cut before Moses: its tokens were not all counted
         cuts[i] = {"truncated": True, "original_tokens": words, "original_tokens_at_least": True}
     note(sentences=len(tokens), tokens=sum(map(len, tokens)))
@@ -78,11 +78,13 @@ def reserve_answer(
     encoding: str,
     field: str,
     ways_out: str,
+    boundaries: bool = False,
 ) -> int:
-    """The answer's estimated size, within the per-answer limit (413, naming `ways_out`) and held from now until it
-    is sent in the budget of the answers being made or sent (503 when that cannot hold it)."""
+    """The answer's estimated size (`boundaries`: two more positions a sentence), within the per-answer limit (413,
+    naming `ways_out`) and held from now until it is sent in the budget of the answers being made or sent (503 when
+    that cannot hold it)."""
     parts = runtime(request)
-    size = parts.admission.answer_size(model.dim, sentences, outputs, pooled, encoding, field, ways_out)
+    size = parts.admission.answer_size(model.dim, sentences, outputs, pooled, encoding, field, ways_out, boundaries)
     hold_answer(request.scope, parts.answers, size)
     return size
 

@@ -92,6 +92,12 @@ class EmbedRequest(Mix):
         description="cut a sentence over the server's tokens-per-sentence limit to the limit instead of refusing "
         "the request with 413; the item then says so",
     )
+    boundaries: bool = Field(
+        False,
+        description="add the sentence boundaries' vectors as the biLM computes them (<S> first, </S> last: "
+        "n_tokens + 2 positions, which layer_norm and pooling then count; allennlp's keep_sentence_boundaries); an "
+        "empty sentence is then its two boundaries",
+    )
 
 
 class EmbeddingItem(BaseModel):

@@ -45,26 +45,28 @@ from service.batching.in_flight import InFlight
 from service.errors import Overloaded, TooLarge
 from service.turns import Turns
 
+# Whole sentences' layers with their boundary positions (Engine.run with boundaries=True): what a retry computes
 EngineRun = Callable[[Sequence[Sequence[str]]], list[np.ndarray]]
 log = logging.getLogger("elmo.batcher")
 
 
 class Layers(Protocol):
-    """A sentence's layers, put together when asked for (`result()`: (num_layers, n_tokens, dim) float32)."""
+    """A sentence's layers, put together when asked for (`result()`: (num_layers, n_tokens, dim) float32;
+    `result(boundaries=True)`: with the boundary positions, n_tokens + 2)."""
 
-    def result(self) -> np.ndarray: ...
+    def result(self, boundaries: bool = False) -> np.ndarray: ...
 
 
 class Computed:
-    """Layers computed whole (a retry's `engine.run`), given as the rows in flight give theirs."""
+    """Layers computed whole (a retry's `engine.run`, boundaries included), given as the rows in flight give theirs."""
 
     __slots__ = ("array",)
 
     def __init__(self, array: np.ndarray):
         self.array = array
 
-    def result(self) -> np.ndarray:
-        return self.array
+    def result(self, boundaries: bool = False) -> np.ndarray:
+        return self.array if boundaries else np.ascontiguousarray(self.array[:, 1:-1])
 
 
 class QueueFull(Overloaded):
@@ -142,7 +144,7 @@ class Batcher:
         gather_s: float = 0.0,
         overlap: bool = True,
     ):
-        self._run = run  # whole sentences, for the retries after a failed window
+        self._run = run  # whole sentences (boundaries included), for the retries after a failed window
         self._in_flight = in_flight
         self.batch_tokens = batch_tokens
         self.max_wait_s = max_wait_s

@@ -46,9 +46,9 @@ class Row:
     def length(self) -> int:
         return len(self.keys)
 
-    def result(self) -> np.ndarray:
-        """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it."""
-        return np.ascontiguousarray(self.layers[:, 1:-1])
+    def result(self, boundaries: bool = False) -> np.ndarray:
+        """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it (`boundaries`: kept)."""
+        return self.layers if boundaries else np.ascontiguousarray(self.layers[:, 1:-1])
 
 
 def in_flight(engine: Engine, window: int) -> InFlight | PackedInFlight:

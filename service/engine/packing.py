@@ -53,27 +53,29 @@ class Sentence:
     def finished(self) -> bool:
         return self.done == len(self.keys)
 
-    def result(self, dtype=np.float32, out: np.ndarray | None = None) -> np.ndarray:
-        """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it: the forward half at the
-        positions read, the backward half at the positions the sentence reversed read; layer 0 (the token vector,
-        the same in both halves) written twice from the one copy the graph returns. `dtype` float16 halves the
-        bytes of those who ask for it (the numbers rounded once, here). `out`, if given, is written instead of a new
-        array (elmo-embed's shared-memory blocks: the one copy)."""
+    def result(self, dtype=np.float32, out: np.ndarray | None = None, boundaries: bool = False) -> np.ndarray:
+        """(L+1, n_tokens, 2P), boundary positions cut off, as `Engine.run` returns it (`boundaries`: kept, first
+        and last, n_tokens + 2): the forward half at the positions read, the backward half at the positions the
+        sentence reversed read; layer 0 (the token vector, the same in both halves) written twice from the one copy
+        the graph returns. `dtype` float16 halves the bytes of those who ask for it (the numbers rounded once,
+        here). `out`, if given, is written instead of a new array (elmo-embed's shared-memory blocks: the one
+        copy)."""
         first_lstm = self.pieces[0][3]
         half, length = first_lstm.shape[-1], len(self.keys)
+        cut = 0 if boundaries else 1  # positions dropped at each end: position p is written at p - cut
         if out is None:
-            out = np.empty((first_lstm.shape[0] + 1, length - 2, 2 * half), dtype)  # position p at p - 1
+            out = np.empty((first_lstm.shape[0] + 1, length - 2 * cut, 2 * half), dtype)
         for first, n, token_layer, lstm, q in self.pieces:  # lstm: (L, 2, N, P) of the call
             # forward: positions first .. first+n-1; backward: the sentence reversed read them, so it computed
             # positions end-n .. end-1 (end = length - first), last first
-            lo, hi = max(first, 1), min(first + n, length - 1)
+            lo, hi = max(first, cut), min(first + n, length - cut)
             if lo < hi:
-                out[0, lo - 1 : hi - 1, :half] = token_layer[q + lo - first : q + hi - first]
-                out[1:, lo - 1 : hi - 1, :half] = lstm[:, 0, q + lo - first : q + hi - first]
+                out[0, lo - cut : hi - cut, :half] = token_layer[q + lo - first : q + hi - first]
+                out[1:, lo - cut : hi - cut, :half] = lstm[:, 0, q + lo - first : q + hi - first]
             end = length - first
-            lo, hi = max(end - n, 1), min(end, length - 1)
+            lo, hi = max(end - n, cut), min(end, length - cut)
             if lo < hi:
-                out[1:, lo - 1 : hi - 1, half:] = lstm[:, 1, q : q + n][:, ::-1][:, lo - end + n : hi - end + n]
+                out[1:, lo - cut : hi - cut, half:] = lstm[:, 1, q : q + n][:, ::-1][:, lo - end + n : hi - end + n]
         out[0, :, half:] = out[0, :, :half]
         return out
 

@@ -10,7 +10,8 @@ slot in the engine's state store holds (`step`, driven by service/batching/in_fl
 sentences. The char-CNN runs once per distinct token of a call, and not at all for tokens whose vectors the
 engine kept from earlier calls (`TokenCache`: exactly the bits it would compute again). Each sentence is wrapped
 in its model family's boundary tokens (<S> ... </S>, or <bos> ... <eos>: service/text/token_ids.py), the way the
-biLM was trained, and the boundary positions are cut off again before the vectors are returned.
+biLM was trained, and the boundary positions are cut off again before the vectors are returned (unless asked
+for: /embed's `boundaries`, allennlp's keep_sentence_boundaries).
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ class Engine:
     def mapping(self) -> Mapping:
         return self.info.mapping
 
-    def run(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Each sentence's layers, (num_layers, n_tokens, dim) float32, boundary tokens removed."""
+    def run(self, sentences: Sequence[Sequence[str]], boundaries: bool = False) -> list[np.ndarray]:
+        """Each sentence's layers, (num_layers, n_tokens, dim) float32, boundary tokens removed (`boundaries`:
+        kept, the first and last of n_tokens + 2 positions)."""
         if self.window:
             # a finite batch packed into few enough rows that most calls are full (`finite_rows`), longest first
             # (the rows end together); the numbers do not depend on the rows (packing.py)
@@ -97,7 +99,7 @@ class Engine:
             packed.admit((sentences[i] for i in order), order)
             while packed.busy:
                 for sentence in packed.step():
-                    results[sentence.tag] = sentence.result()
+                    results[sentence.tag] = sentence.result(boundaries=boundaries)
             self.run_efficiency = packed.efficiency  # bench.host, bench.gpu
             return results
         results = []
@@ -107,7 +109,7 @@ class Engine:
             windows = [(keys, 0, len(keys)) for keys in chunk]  # whole sentences in one call
             fwd, bwd = self.step(windows, np.ones(len(chunk), bool), np.arange(1, len(chunk) + 1))
             place(layers, windows, fwd, bwd, self.info.token_dim)
-            results += [np.ascontiguousarray(a[:, 1:-1]) for a in layers]
+            results += layers if boundaries else [np.ascontiguousarray(a[:, 1:-1]) for a in layers]
         return results
 
     def step(self, windows: Sequence[Window], start: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -208,6 +208,10 @@ def test_requests_are_planned_under_the_answer_size_limit(tiny_model_dir, tmp_pa
     with running_server(tiny_model_dir, tmp_path, limit) as small, Client(small.url, max_concurrency=2) as elmo:
         assert max_error(elmo.embed(sentences, output="layers"), expected) <= 1e-5
         assert max_error(elmo.embed(sentences, output="layers", pooling="mean"), [e.mean(1) for e in expected]) <= 1e-5
+        # with the boundaries: two vectors more a sentence, planned for too; an empty sentence is its boundaries
+        kept = elmo.embed([*sentences, []], output="layers", boundaries=True)
+        assert [k.shape[1] for k in kept] == [len(s) + 2 for s in sentences] + [2]
+        assert max_error([k[:, 1:-1] for k in kept[:-1]], expected) <= 1e-5
         with httpx.Client(base_url=small.url) as http:
             assert counter(http, "elmo_requests_total", route="/embed", status="413") == 0
             assert counter(http, "elmo_requests_total", route="/embed", status="200") >= 744 * 521 // 30000 + 1
@@ -238,6 +242,17 @@ def test_the_plan_keeps_every_limit():
             counts = [min(estimated_tokens(s), 10) if truncate else estimated_tokens(s) for s in run]
             assert len(run) == 1 or sum(c + 2 for c in counts) <= 30
         assert runs[-1] == range(len(sentences) - 1, len(sentences))  # over the body limit: alone
+
+
+def test_the_plan_counts_the_boundaries_vectors_in_the_answer():
+    # two sentences of 28 tokens fit an answer of 30 000 bytes at 521 a vector (56 x 521), not with their
+    # boundaries (60 x 521)
+    limits, sentences = Limits(max_answer_bytes=30_000), [["w"] * 28] * 4
+    fixed = len(embed_body([], {"output": "layers", "boundaries": True}))
+    assert plan(sentences, limits, fixed, 1000, False, vector=521) == [range(0, 2), range(2, 4)]
+    assert plan(sentences, limits, fixed, 1000, False, vector=521, extra_positions=2) == [
+        range(k, k + 1) for k in range(4)
+    ]
 
 
 # -- overload, 429, a server that goes away -------------------------------------------------------------------------

@@ -234,6 +234,32 @@ def test_several_mixes_get_a_leading_axis(client, sentences, expected):
         assert_mix(c[0], layers, **mixes[0])
 
 
+def test_boundaries_add_the_bilms_vectors_of_the_sentence_boundaries(client, sentences, expected):
+    # allennlp's keep_sentence_boundaries: <S> first and </S> last, as the biLM computed them; the tokens between
+    # are the answer without boundaries; layer_norm and pooling count the two positions
+    batch = [*sentences[:4], [], "The bank."]
+    body = embed(client, batch, output="layers", boundaries=True)
+    assert [item["tokens"] for item in body["data"]] == [["<S>", *s, "</S>"] for s in sentences[:4]] + [
+        ["<S>", "</S>"],
+        ["<S>", "The", "bank", ".", "</S>"],
+    ]
+    got = arrays(body)
+    assert [g.shape for g in got] == [(NUM_LAYERS, len(s) + 2, DIM) for s in sentences[:4]] + [
+        (NUM_LAYERS, 2, DIM),
+        (NUM_LAYERS, 5, DIM),
+    ]
+    assert max_error([g[:, 1:-1] for g in got[:4]], expected[:4]) <= 1e-5
+    plain = arrays(embed(client, batch[:4], output="layers"))
+    assert all(np.array_equal(g[:, 1:-1], p) for g, p in zip(got[:4], plain, strict=True))
+    assert min(float(np.abs(g[1:, [0, -1]]).max()) for g in got) > 0.01  # computed, not zeros
+    mix = {"weights": [0.3, -0.2, 1.1], "gamma": 1.25, "layer_norm": True}
+    for g, m in zip(got, arrays(embed(client, batch, boundaries=True, **mix)), strict=True):
+        assert_mix(m, g, **mix)  # the statistics over the boundaries too
+    pooled = arrays(embed(client, batch[:1], boundaries=True, output="layers", pooling="mean"))[0]
+    np.testing.assert_allclose(pooled, got[0].mean(axis=1), rtol=0, atol=1e-6)
+    assert client.post("/embed", json={"sentences": [["a"], []]}).status_code == 422  # without: still refused
+
+
 def test_strings_are_tokenized_like_the_same_tokens(client):
     river = ["The", "bank", "of", "the", "river", "."]
     texts = ["Hello, world!", "  Hello,   world!\n", "The bank of the river."]
@@ -408,6 +434,7 @@ BAD_BODIES = [  # (id, body, the field `detail` starts with)
     ("unknown-normalize", {"sentences": ONE, "normalize": "l2"}, "normalize"),
     ("unknown-pooling", {"sentences": ONE, "pooling": "max"}, "pooling"),
     ("unknown-encoding", {"sentences": ONE, "encoding": "hex"}, "encoding"),
+    ("string-boundaries", {"sentences": ONE, "boundaries": "yes"}, "boundaries"),
     ("mix-unknown-normalize", {"sentences": ONE, "mixes": [{"normalize": "l1"}]}, "mixes"),
     ("layer-too-high", {"sentences": ONE, "output": "layers", "layers": [0, 3]}, "layers[1]"),
     ("layer-too-low", {"sentences": ONE, "output": "layers", "layers": [-4]}, "layers[0]"),

@@ -86,7 +86,7 @@ class RecordingRun:
             raise EngineFailure("boom")
         if self.max_rows is not None and len(sentences) > self.max_rows:
             raise MemoryError("Failed to allocate memory for requested buffer")
-        return self.engine.run(sentences)
+        return self.engine.run(sentences, boundaries=True)
 
 
 def make(engine, batch_tokens=4096, max_wait_s=0.0, queue_tokens=100_000, window=4, poison=None, max_rows=None,
@@ -153,11 +153,15 @@ def sentence_tokens(sentences) -> int:
 
 def assert_own_rows(engine, sentences, got) -> None:
     assert len(got) == len(sentences)
-    for s, g in zip(sentences, (layers.result() for layers in got), strict=True):
-        (want,) = engine.run([s])
+    for s, layers in zip(sentences, got, strict=True):
+        g, (want,) = layers.result(), engine.run([s])
         assert g.shape == want.shape == (engine.num_layers, len(s), engine.dim)
         # Alone, whole or window by window in any company: the same bits on CPU (1e-6 leaves room for a GPU).
         np.testing.assert_allclose(g, want, rtol=0, atol=1e-6)
+        # with the boundary positions (/embed's `boundaries`), from a row in flight or a retry's whole run alike
+        np.testing.assert_allclose(
+            layers.result(boundaries=True), engine.run([s], boundaries=True)[0], rtol=0, atol=1e-6
+        )
 
 
 def test_every_request_gets_its_own_rows(engine):

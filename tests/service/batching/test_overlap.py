@@ -73,7 +73,7 @@ def retries(engine: Engine, poison: str | None = None):
     def run_whole(sentences):
         if poison is not None and any(poison in s for s in sentences):
             raise EngineFailure("boom")
-        return engine.run(sentences)
+        return engine.run(sentences, boundaries=True)
 
     return run_whole
 

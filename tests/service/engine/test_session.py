@@ -109,6 +109,26 @@ def test_empty_sentence_gives_no_rows(engine):
     assert engine.run([[], ["x"]])[0].shape == (3, 0, 32)
 
 
+@pytest.mark.parametrize("graph", ["loop", "window"])
+def test_boundaries_are_the_bilms_own_positions_and_change_no_other(tiny_model_dir, tiny_bilm, sentences, graph):
+    # <S> and </S> as the biLM computes them (allennlp's keep_sentence_boundaries): the torch biLM the graphs are
+    # exported from, on every position of `<S> tokens </S>`; the tokens' positions the very bits of a run without them
+    import torch
+
+    from service.text.chars import sentence_char_ids
+
+    engine = Engine(tiny_model_dir, provider="cpu", graph=graph, intra_op_threads=2)
+    batch = [*sentences[:6], [], ["x"]]
+    kept, cut = engine.run(batch, boundaries=True), engine.run(batch)
+    for tokens, with_, without in zip(batch, kept, cut, strict=True):
+        assert with_.shape == (3, len(tokens) + 2, 32) and with_.dtype == np.float32
+        np.testing.assert_array_equal(with_[:, 1:-1], without)
+        chars = torch.from_numpy(sentence_char_ids(tokens).astype(np.int64))[None]
+        with torch.no_grad():
+            want = tiny_bilm(chars)[:, 0].numpy()
+        assert float(np.abs(with_ - want).max()) <= 1e-5 and float(np.abs(with_[1:, [0, -1]]).max()) > 0.01
+
+
 def test_cpu_provider_here():
     assert choose_providers("cpu") == ["CPUExecutionProvider"]
     assert choose_providers("auto")[-1] == "CPUExecutionProvider"
