@@ -18,7 +18,7 @@ from pathlib import Path
 from service import __version__
 from service.bulk import ALL_LINES, InputError, Output, Shard, embed_file
 from service.bulk.inputs import expand, split, whole_files
-from service.bulk.parts import PART_LINES, Job, about, merge, part_lines
+from service.bulk.parts import PART_LINES, Job, about, merge, part_lines, refuse
 from service.engine import canary
 from service.engine.session import Engine
 from service.logs import configure as configure_logs
@@ -183,6 +183,7 @@ def embed_main(argv: list[str] | None = None) -> int:
     jobs: list[Job] = []  # the job of parts, where the run has one (--engine ray, Parquet, --resume)
     try:
         inputs = expand(args.input)
+        refuse(Path(args.output), args.format)  # before the model is loaded
         if args.options_file is not None:
             args.model = exported_model(args.options_file, args.weight_file)
         flags = {"layers": args.output_kind.layers, "sentence_keys": args.use_sentence_keys,

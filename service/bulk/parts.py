@@ -63,7 +63,7 @@ class Job:
     def __init__(self, output: Path, fmt: str, inputs: Sequence[str], stamp: str, lines: int, resume: bool):
         self.output, self.format, self.stamp = output, fmt, stamp
         self.folder = job_folder(output, fmt)
-        refuse_output(output) if fmt == "hdf5" else _refuse_folder(output)
+        refuse(output, fmt)
         self.folder.mkdir(exist_ok=True)
         self._lock = open(self.folder / ".lock", "a+")  # noqa: SIM115 (held until close)
         try:
@@ -140,8 +140,11 @@ class Job:
         replace_synced(partial, self.folder / MANIFEST)
 
 
-def _refuse_folder(output: Path) -> None:
-    """A Parquet output is a folder: refuse a file there, or a folder that is not an elmo-embed output's."""
+def refuse(output: Path, fmt: str) -> None:
+    """Refuse, before any work, an output path that a run of `fmt` cannot write."""
+    if fmt == "hdf5":
+        return refuse_output(output)
+    # a Parquet output is a folder: refuse a file there, or a folder that is not an elmo-embed output's
     if output.exists() and not output.is_dir():
         raise InputError(f"{output}: a file; --format parquet writes a folder of part files: give a folder's path")
     if output.is_dir() and not (output / MANIFEST).is_file() and any(output.iterdir()):
@@ -160,6 +163,8 @@ def merge(paths: Sequence[str | Path], output: str | Path, parts: bool = False) 
     keys, a sentence) in two files, naming them. Returns counts."""
     output = Path(output)
     refuse_output(output)
+    if twice := next((path for i, path in enumerate(paths) if str(path) in map(str, paths[:i])), None):
+        raise InputError(f"{twice} given twice")
     stamps = {str(path): _stamp(path) for path in paths}
     common = _common(stamps, "part" if parts else "shard")
     partial = partial_name(output)
