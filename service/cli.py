@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -224,8 +225,9 @@ def embed_main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     if args.engine == "ray":
+        where = f"{stats['nodes']} nodes ({', '.join(stats['addresses'])})"
         print(f"elmo-embed: {stats['parts']} parts ({stats['parts_done_before']} written before), {stats['actors']} "
-              f"actors on {stats['nodes']} nodes; peak memory: driver {stats['driver_rss_mb']:.0f} MB, a worker "
+              f"actors on {where}; peak memory: driver {stats['driver_rss_mb']:.0f} MB, a worker "
               f"{stats['workers_rss_mb']:.0f} MB", file=sys.stderr)  # fmt: skip
     return 0
 
@@ -268,10 +270,10 @@ def _embed_here(args, inputs: list[str], output: Output, bad: list, jobs: list[J
 def _embed_on_ray(args, inputs: list[str], output: Output, bad: list, jobs: list[Job]) -> dict:
     """The job's parts on a Ray cluster (service/bulk/on_ray.py), a part at most --part-lines lines, and at least
     four parts an actor."""
-    try:
-        from service.bulk import on_ray
-    except ImportError as err:
-        raise RuntimeError(f"--engine ray needs Ray: pip install 'elmo-service[ray]' ({err})") from None
+    from service.bulk import on_ray
+
+    if importlib.util.find_spec("ray") is None:
+        raise RuntimeError("--engine ray needs Ray: pip install 'elmo-service[ray]'")
     cluster = on_ray.Cluster(args.address, args.actors, args.threads or 1, args.gpus_per_actor)
     engine = on_ray.EngineArgs(str(args.model), args.provider, args.precision, args.device_id, args.cuda_graphs,
                                args.batch_tokens, args.canary)  # fmt: skip

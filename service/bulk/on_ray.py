@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import ray
-import ray.data
 from tqdm import tqdm
 
 from service.bulk.inputs import InputError, Span
@@ -66,6 +64,8 @@ class PartEmbedder:
     did (or the error that stopped a part: a bad line, the canaries)."""
 
     def __init__(self, engine: dict, threads: int, job: dict):
+        import ray
+
         from service.engine import canary
         from service.engine.session import Engine
         from service.settings import default_batch_tokens
@@ -102,6 +102,8 @@ class PartEmbedder:
             except InputError as err:  # a bad line: the job stops, and may go on without it
                 row["error"] = (f"{err}; the parts written are kept in {job['folder']}: --resume --skip-bad-lines "
                                 "goes on without that line")  # fmt: skip
+            except OSError as err:  # the shared volume full or gone: said in one line, as the local run says it
+                row["error"] = f"part {index} on node {self.node[:8]}: {err}"
         row["seconds"] = time.perf_counter() - started
         row["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return row
@@ -130,6 +132,9 @@ def embed_on_ray(job: Job, engine: EngineArgs, output: Output, dtype: str, clust
             bar.update(job.parts[row["part"]].span.lines or 0)
             bar.set_postfix(tokens_per_s=f"{stats['tokens'] / (time.perf_counter() - started):.0f}")
     bar.close()
+    import ray
+
+    stats["addresses"] = sorted({node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]})
     seconds = time.perf_counter() - started
     stats.update(seconds=seconds, tokens_per_s=stats["tokens"] / seconds, nodes=len(stats["nodes"]),
                  driver_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # fmt: skip
@@ -139,6 +144,8 @@ def embed_on_ray(job: Job, engine: EngineArgs, output: Output, dtype: str, clust
 def _parts_embedded(job: Job, todo, engine: EngineArgs, output: Output, dtype: str, cluster: Cluster, actors: int,
                     skip_bad: bool):  # fmt: skip
     """The rows of the actors' calls, one a part, as they finish (in any order)."""
+    import ray.data
+
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the driver's own bar counts lines
     context.print_on_execution_start = False
@@ -164,18 +171,34 @@ def connected(cluster: Cluster) -> Iterator[Cluster]:
     """Ray connected (a local Ray started, where no address is given, and stopped after), and the cluster with its
     number of actors decided."""
     _connect(cluster.address)
+    import ray
+    import ray.exceptions
+
     try:
-        yield dataclasses.replace(cluster, actors=cluster.actors or _actors_allowed(cluster))
+        allowed = _actors_allowed(cluster)
+        if cluster.address is None and cluster.actors and cluster.actors > allowed:  # they would wait for ever
+            has = ray.cluster_resources()
+            raise InputError(f"--actors {cluster.actors} of --threads {cluster.threads} CPUs and --gpus-per-actor "
+                             f"{cluster.gpus} need more than the local Ray's {has.get('CPU', 0):.0f} CPUs and "
+                             f"{has.get('GPU', 0):.0f} GPUs: give fewer, or --address a cluster")  # fmt: skip
+        yield dataclasses.replace(cluster, actors=cluster.actors or allowed)
+    except ray.exceptions.RayError as err:  # Ray's own failures, in a line (their text is pages long)
+        raise RuntimeError(f"the Ray run failed: {str(err).strip().splitlines()[0]}") from None
     finally:
         ray.shutdown()  # a cluster's own processes go on; a local Ray's end
 
 
 def _connect(address: str | None) -> None:
+    """ray.init: a local Ray (address None) on the loopback alone, or the cluster at `address`. Ray is imported
+    here, not with this module: whether a local Ray's addresses are the loopback's is read once, when Ray is first
+    imported (Ray on Linux otherwise resolves 127.0.0.1 to the host's network address)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is None:
-        # a local Ray: its services listen on loopback alone (an unauthenticated Ray cluster reachable from the
-        # network runs anyone's code)
+        # an unauthenticated Ray reachable from the network runs anyone's code: a local one listens on 127.0.0.1
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    if address is None:
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
                  object_store_memory=LOCAL_OBJECT_STORE_BYTES)  # fmt: skip
     else:
@@ -183,6 +206,8 @@ def _connect(address: str | None) -> None:
 
 
 def _actors_allowed(cluster: Cluster) -> int:
+    import ray
+
     resources = ray.cluster_resources()
     if cluster.gpus:
         return max(1, int(resources.get("GPU", 0) // cluster.gpus))

@@ -129,8 +129,8 @@ class Job:
         """Remove what no finished part is: half-written files of a run that was killed, and (starting over) the
         parts of an earlier run."""
         for path in self.folder.iterdir():
-            ours = path.name.startswith("part-") and (path.suffix in (".hdf5", ".parquet") or ".partial" in path.name)
-            if ours and (".partial" in path.name or not keep):
+            half = path.name.endswith(".partial")  # a part's or the manifest's, whose writer was killed
+            if half or (not keep and path.name.startswith("part-") and path.suffix in (".hdf5", ".parquet")):
                 path.unlink()
 
     def _write_manifest(self, manifest: dict) -> None:

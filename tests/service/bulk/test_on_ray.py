@@ -98,7 +98,7 @@ def test_the_ray_run_writes_the_local_runs_file_on_both_nodes(cluster, local, tm
     run = elmo_embed(source, tmp_path / "ray.hdf5", address=cluster.address)
     assert run.returncode == 0, run.stderr
     assert f"embedded {LINES} sentences" in run.stderr
-    assert "16 parts (0 written before), 2 actors on 2 nodes" in run.stderr  # both nodes' actors took parts
+    assert "16 parts (0 written before), 2 actors on 2 nodes (127.0.0.1)" in run.stderr  # both took parts
     assert_same_file(tmp_path / "ray.hdf5", want)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.hdf5"]  # the parts' folder is gone
 
@@ -190,3 +190,15 @@ def test_a_worker_node_killed_mid_run_and_the_job_completes_on_the_head(cluster,
     _, stderr = driver.communicate(timeout=300)
     assert driver.returncode == 0, stderr
     assert_same_file(tmp_path / "ray.hdf5", want)
+
+
+def test_without_an_address_a_local_ray_on_the_loopback_is_started_and_stopped(local, tmp_path):
+    source, want = local
+    cmd = [sys.executable, "-m", "service.cli", "--no-progress", "--engine", "ray", "--actors", "2", "--threads", "1",
+           str(source), str(tmp_path / "ray.hdf5")]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, start_new_session=True)
+    assert run.returncode == 0, run.stderr
+    assert "2 actors on 1 nodes (127.0.0.1)" in run.stderr  # its services on 127.0.0.1 alone
+    assert_same_file(tmp_path / "ray.hdf5", want)
+    too_many = subprocess.run([*cmd[:7], "3", *cmd[8:]], capture_output=True, text=True, timeout=300, check=False)
+    assert too_many.returncode == 1 and "need more than the local Ray's 2 CPUs" in too_many.stderr
