@@ -175,10 +175,12 @@ gpu-carry: $(CORPUS_ALL).tar.xz
 	rm -rf build/gpu-wheels && $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d build/gpu-wheels tqdm
 
 # The Docker image for RUNTIME (needs a Docker engine), tagged with the service's version, never overwritten:
-# elmo-service:0.1.0-cpu or elmo-service:0.1.0-gpu (what docker-compose.yml and deploy/kubernetes name).
+# elmo-service:0.1.0-cpu or elmo-service:0.1.0-gpu (what docker-compose.yml and deploy/kubernetes name). RAY=1: with
+# Ray, the image of a Ray cluster's pods (deploy/kubernetes/bulk/rayjob.yaml): elmo-service:0.1.0-cpu-ray.
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' service/__init__.py)
+RAY ?=
 image:
-	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(VERSION)-$(RUNTIME) .
+	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) $(if $(filter 1,$(RAY)),--build-arg RAY=1 )-t elmo-service:$(VERSION)-$(RUNTIME)$(if $(filter 1,$(RAY)),-ray) .
 
 # `docker compose up` under test: the CPU image built and started by the compose file, its health check, /embed
 # against elmo-embed, a clean stop on SIGTERM (tests/deploy/test_image.py: Docker, else podman, installed as root if
