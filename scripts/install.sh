@@ -2,7 +2,7 @@
 # The one way this project is installed: `make install` (and so `make test`, `make serve` and CI) and both
 # Docker images run this script, so CI exercises the images' install steps although it builds no image.
 #
-#   scripts/install.sh [--venv DIR] [--runtime cpu|gpu] [--export] [--otel] [--dev] [--editable]
+#   scripts/install.sh [--venv DIR] [--runtime cpu|gpu] [--export] [--otel] [--ray] [--dev] [--editable]
 #                      [--lock FILE | --no-lock] [--log FILE] [--dry-run] [SOURCE]
 #   scripts/install.sh --venv DIR --allennlp FOLDER [--log FILE] [--dry-run]
 #
@@ -13,11 +13,15 @@
 #   --export        the build-time tools (elmo-export): torch 2.13.0 first, CPU build, so that nothing pulls
 #                   another torch and gigabytes of CUDA packages; then onnx
 #   --otel          the OpenTelemetry SDK and OTLP exporter: tracing, once OTEL_EXPORTER_OTLP_ENDPOINT is set
+#   --ray           a Ray cluster's node (the `ray` image, deploy/kubernetes/bulk): the ray extra, for
+#                   `elmo-embed --engine ray`, and Ray's dashboard (ray[default]), whose job API KubeRay submits
+#                   the job to and whose agent it probes; locked to dev.txt (what the Ray tests ran with: the serve
+#                   locks hold no Ray), which pins Ray itself but not the dashboard's own packages
 #   --dev           pytest, ruff and the other test tools, and the Python client (client/, elmo-client),
 #                   whose tests run against the service
 #   --editable      an editable install (a working copy); without it SOURCE is copied into the environment
 #   --lock FILE     install the exact versions FILE pins (pip's constraints; `make lock` writes them), default:
-#                   SOURCE/requirements/dev.txt with --dev or --export, else cpu.txt or gpu.txt by --runtime
+#                   SOURCE/requirements/dev.txt with --dev, --export or --ray, else cpu.txt or gpu.txt by --runtime
 #   --no-lock       the newest versions pyproject.toml's ranges allow, as a library user gets them
 #   --log FILE      pip's output goes to FILE (appended), and the terminal gets one line per step; on a failure,
 #                   the step, the last lines of FILE and its path (without --log: everything on the terminal)
@@ -36,7 +40,7 @@ set -euo pipefail
 TORCH="torch==2.13.0"
 ALLENNLP=(allennlp==2.10.1 cached-path==1.1.6 rich==12.6.0 dill==0.4.1 base58==2.1.1 termcolor==1.1.0 lmdb==3.0.0)
 allennlp=""
-venv="" runtime="cpu" export_tools=0 otel=0 dev=0 editable=0 dry_run=0 log="" lock="" locked=1
+venv="" runtime="cpu" export_tools=0 otel=0 ray=0 dev=0 editable=0 dry_run=0 log="" lock="" locked=1
 source_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 die() {
@@ -50,6 +54,7 @@ while [ $# -gt 0 ]; do
         --runtime) runtime="${2:?--runtime needs cpu or gpu}"; shift 2 ;;
         --export) export_tools=1; shift ;;
         --otel) otel=1; shift ;;
+        --ray) ray=1; shift ;;
         --dev) dev=1; shift ;;
         --editable) editable=1; shift ;;
         --log) log="${2:?--log needs a file}"; shift 2 ;;
@@ -74,7 +79,7 @@ esac
 constraints=()
 if [ "$locked" = 1 ]; then
     if [ -z "$lock" ]; then
-        if [ "$dev" = 1 ] || [ "$export_tools" = 1 ]; then lock="$source_dir/requirements/dev.txt"
+        if [ "$dev" = 1 ] || [ "$export_tools" = 1 ] || [ "$ray" = 1 ]; then lock="$source_dir/requirements/dev.txt"
         else lock="$source_dir/requirements/$runtime.txt"; fi
     fi
     [ -f "$lock" ] || die "$lock not found: give --lock FILE, run \`make lock\`, or --no-lock for pyproject's ranges"
@@ -168,6 +173,7 @@ if [ "$export_tools" = 1 ]; then
     extras="$extras,export"
 fi
 [ "$otel" = 1 ] && extras="$extras,otel"
+[ "$ray" = 1 ] && extras="$extras,ray"
 [ "$dev" = 1 ] && extras="$extras,dev"
 
 project=()
@@ -177,7 +183,11 @@ add() {
 add "$source_dir[$extras]"
 # The client is its own distribution (httpx and numpy only), installed beside the service to be tested with it.
 [ "$dev" = 1 ] && add "$source_dir/client[hdf5]"
+dashboard=()
+[ "$ray" = 1 ] && dashboard=("ray[default]")
 what="the service [$extras]"
 [ "$dev" = 1 ] && what="$what and the client"
+[ "$ray" = 1 ] && what="$what and Ray's dashboard"
 [ "$locked" = 1 ] && what="$what, locked"
-run "$what, with what they need" "${pip[@]}" "${constraints[@]}" "${project[@]}" ${ONNXRUNTIME:+"$ONNXRUNTIME"}
+run "$what, with what they need" "${pip[@]}" "${constraints[@]}" "${project[@]}" "${dashboard[@]}" \
+    ${ONNXRUNTIME:+"$ONNXRUNTIME"}
