@@ -14,9 +14,9 @@
 #                   another torch and gigabytes of CUDA packages; then onnx
 #   --otel          the OpenTelemetry SDK and OTLP exporter: tracing, once OTEL_EXPORTER_OTLP_ENDPOINT is set
 #   --ray           a Ray cluster's node (the `ray` image, deploy/kubernetes/bulk): the ray extra, for
-#                   `elmo-embed --engine ray`, and Ray's dashboard (ray[default]), whose job API KubeRay submits
+#                   `elmo-embed --engine ray`, with Ray's dashboard (ray[default]), whose job API KubeRay submits
 #                   the job to and whose agent it probes; locked to dev.txt (what the Ray tests ran with: the serve
-#                   locks hold no Ray), which pins Ray itself but not the dashboard's own packages
+#                   locks hold no Ray)
 #   --dev           pytest, ruff and the other test tools, and the Python client (client/, elmo-client),
 #                   whose tests run against the service
 #   --editable      an editable install (a working copy); without it SOURCE is copied into the environment
@@ -183,11 +183,7 @@ add() {
 add "$source_dir[$extras]"
 # The client is its own distribution (httpx and numpy only), installed beside the service to be tested with it.
 [ "$dev" = 1 ] && add "$source_dir/client[hdf5]"
-dashboard=()
-[ "$ray" = 1 ] && dashboard=("ray[default]")
 what="the service [$extras]"
 [ "$dev" = 1 ] && what="$what and the client"
-[ "$ray" = 1 ] && what="$what and Ray's dashboard"
 [ "$locked" = 1 ] && what="$what, locked"
-run "$what, with what they need" "${pip[@]}" "${constraints[@]}" "${project[@]}" "${dashboard[@]}" \
-    ${ONNXRUNTIME:+"$ONNXRUNTIME"}
+run "$what, with what they need" "${pip[@]}" "${constraints[@]}" "${project[@]}" ${ONNXRUNTIME:+"$ONNXRUNTIME"}

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from service.cli import _embed_args, _embed_parser
@@ -171,14 +172,16 @@ def test_the_ray_image_is_a_build_argument_that_leaves_the_default_image_as_it_w
     assert "RAY" not in made.stdout and "-t elmo-service:0.1.0-cpu ." in made.stdout
 
 
-def test_the_install_script_s_ray_step_adds_the_extra_and_the_dashboard_locked_to_dev():
+def test_the_install_script_s_ray_step_adds_the_extra_locked_to_dev():
     def project(*args: str) -> str:
         run = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--dry-run", *args], capture_output=True,
                              text=True, env={"PATH": "/usr/bin:/bin", "ONNXRUNTIME": ""}, check=True)  # fmt: skip
         return [line for line in run.stdout.splitlines() if " install " in line][-1]
 
     ray = project("--venv", "/opt/venv", "--runtime", "cpu", "--otel", "--ray", str(ROOT))
-    assert ray.endswith(f"-c {ROOT}/requirements/dev.txt {ROOT}[cpu,otel,ray] ray[default]"), ray
+    assert ray.endswith(f"-c {ROOT}/requirements/dev.txt {ROOT}[cpu,otel,ray]"), ray  # the dashboard: the extra's
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ray"]
+    assert any(r.startswith("ray[") and "default" in r and "data" in r for r in extra)  # locked in dev.txt
     serve = project("--venv", "/opt/venv", "--runtime", "cpu", "--otel", str(ROOT))  # the default image's step
     assert serve.endswith(f"-c {ROOT}/requirements/cpu.txt {ROOT}[cpu,otel]"), serve
 
