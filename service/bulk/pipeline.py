@@ -17,6 +17,7 @@ mean; line indexes or the sentences themselves as dataset names; sentence_to_ind
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import math
 import mmap
@@ -24,6 +25,7 @@ import multiprocessing
 import os
 import queue
 import secrets
+import socket
 import threading
 import time
 import traceback
@@ -115,6 +117,7 @@ def embed_file(
     output_path = Path(output_path)
     spans = [Span(str(source))] if isinstance(source, str | Path) else list(source)
     refuse_output(output_path)
+    sweep_partials(output_path)
     partial = partial_name(output_path)
     started = time.perf_counter()
     desc = "elmo-embed" if shard == ALL_LINES else f"elmo-embed {shard}"
@@ -185,8 +188,31 @@ def refuse_output(path: Path) -> None:
 
 def partial_name(path: Path) -> Path:
     """A fresh, unpredictable name beside `path` for it to be written under (created exclusively by its writer:
-    a name planted in a shared folder cannot redirect the write)."""
-    return path.with_name(f"{path.name}.{secrets.token_hex(8)}.partial")
+    a name planted in a shared folder cannot redirect the write), naming the host and process that write it."""
+    return path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(8)}.partial")
+
+
+def sweep_partials(path: Path) -> list[Path]:
+    """Remove what runs killed before they could clean up left beside `path`: its partial files written by a
+    process of this host that is gone (another host's, or a live process's, are left alone). Returns them."""
+    host, gone = socket.gethostname(), []
+    for partial in path.parent.glob(f"{glob.escape(path.name)}.*.partial"):
+        writer, _, _ = partial.name[len(path.name) + 1 :].rpartition("-")
+        name, _, pid = writer.rpartition("-")
+        if name == host and pid.isdecimal() and not _alive(int(pid)) and not partial.is_symlink():
+            partial.unlink(missing_ok=True)
+            gone.append(partial)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def replace_synced(partial: Path, path: Path) -> None:

@@ -163,3 +163,17 @@ def test_parquet_holds_the_same_vectors_as_hdf5_in_both_dtypes(tiny_model_dir, s
         assert json.loads(json.loads((tmp_path / dtype / "_elmo_embed.json").read_text())["job"]["about"])[
             "dtype"] == dtype  # fmt: skip
     assert not os.path.exists(tmp_path / "float32" / ".lock")
+
+
+def test_what_a_killed_run_left_is_swept_and_nothing_a_live_one_writes(tiny_model_dir, source, tmp_path):
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    stale = tmp_path / f"out.hdf5.{host}-{dead.stdout.strip()}-0123456789abcdef.partial"  # a SIGKILLed run's
+    live = tmp_path / f"out.hdf5.{host}-{os.getpid()}-fedcba9876543210.partial"  # a run still writing (this one)
+    other = tmp_path / f"out.hdf5.another-host-{dead.stdout.strip()}-0011223344556677.partial"  # on a shared volume
+    for path in (stale, live, other):
+        path.write_bytes(b"half")
+    assert elmo_embed(tiny_model_dir, source, tmp_path / "out.hdf5").returncode == 0
+    assert not stale.exists() and live.exists() and other.exists()
