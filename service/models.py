@@ -25,6 +25,11 @@ from service.settings import Settings, default_batch_tokens
 log = logging.getLogger("elmo.service")
 
 
+class StartupFailed(RuntimeError):
+    """A model cannot be served: the message, one line, names it and says what is wrong (logged where raised;
+    the app's start-up reports it without a traceback: service/api/app.py)."""
+
+
 @dataclass(frozen=True)
 class ServedModel:
     """One model in service: its name, folder, engine and batcher (its own queue), and the batch budget in force."""
@@ -100,7 +105,13 @@ class ModelRegistry:
         for model in self:
             model.batcher.start()
         for model in self:
-            await model.batcher.embed([["Warm", "-", "up", "."]])
+            try:
+                await model.batcher.embed([["Warm", "-", "up", "."]])
+            except Exception as err:  # its first batch on this machine: a graph that loads but cannot run
+                where = f"the model {model.name!r} from {model.folder}"
+                message = f"cannot serve {where}: its first batch failed: {_one_line(err)}"
+                log.error(message)
+                raise StartupFailed(message) from None
 
     async def stop(self) -> None:
         """Finish what every model has queued and in flight, then stop their engine threads."""
@@ -110,7 +121,7 @@ class ModelRegistry:
 def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
     """Every model of `settings.models`, each with an Engine (intra_op_threads each), its rows in flight and a
     Batcher of its own, each engine proven on its export's canaries. A model that cannot be loaded, or whose
-    canaries disagree (ELMO_CANARY=refuse), stops the start with a RuntimeError naming it and its folder, or the
+    canaries disagree (ELMO_CANARY=refuse), stops the start with StartupFailed naming it and its folder, or the
     figures."""
     served = []
     for name, folder in settings.models:
@@ -128,14 +139,18 @@ def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
             )
             verify_files(engine.info, engine.graph)  # every file it reads as exported: sha256 (ValueError)
         except Exception as err:  # a corrupt model file, most likely: say so, and never serve half-ready
-            message = f"cannot load the model {name!r} from {folder}: {type(err).__name__}: {err}"
+            message = f"cannot load the model {name!r} from {folder}: {_one_line(err)}"
             log.error(message)
-            raise RuntimeError(message) from None
+            raise StartupFailed(message) from None
         try:
             report = prove(engine, name, settings.canary, settings.canary_margin)
         except CanaryMismatch as err:
             log.error(str(err))
-            raise RuntimeError(str(err)) from None
+            raise StartupFailed(str(err)) from None
+        except Exception as err:  # a graph that loads but cannot run its canaries
+            message = f"cannot serve the model {name!r} from {folder}: its canaries failed: {_one_line(err)}"
+            log.error(message)
+            raise StartupFailed(message) from None
         metrics.observe_canary(name, report)
         # unset: the provider's default (a GPU wants far more tokens in flight than 2 CPU cores)
         batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
@@ -152,3 +167,8 @@ def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
         rejected = metrics.rejected.labels(name)
         served.append(ServedModel(name, Path(folder), engine, batcher, batch_tokens, created, report, rejected))
     return ModelRegistry(served)
+
+
+def _one_line(err: Exception) -> str:
+    """An error's type and message on one line (ONNX Runtime's messages may hold line breaks)."""
+    return " ".join(f"{type(err).__name__}: {err}".split())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -21,7 +22,7 @@ from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutof
 from service.api.request_id import RequestId
 from service.api.static import StaticAnswers
 from service.metrics import Metrics
-from service.models import load_models
+from service.models import StartupFailed, load_models
 from service.settings import Settings
 from service.text.moses import tokenize
 from service.text.turns import TokenizeTurns
@@ -104,13 +105,14 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
         )
     app.add_middleware(RequestMetrics, metrics=parts.metrics)
     app.add_middleware(RequestId, access_log=settings.access_log)  # every answer, errors too, carries the id
+    app.add_middleware(StartupReport)  # the lifespan's scope only
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     parts: Runtime = app.state.runtime
     tracing.redact_spans(app.state.tracer_provider)  # FastAPI has configured its provider from OTEL_* by now
-    # every model, or a RuntimeError naming the one that failed; on a thread, so that the event loop serves the
+    # every model, or StartupFailed naming the one that failed; on a thread, so that the event loop serves the
     # metrics port (ELMO_METRICS_PORT) while the models load, as it did when that port had a thread of its own
     models = await asyncio.to_thread(load_models, parts.settings, parts.metrics)
     app.state.models = models
@@ -126,6 +128,27 @@ async def lifespan(app: FastAPI):
     parts.encode_pool.shutdown(wait=False, cancel_futures=True)
     parts.parse_pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
+
+
+class StartupReport:
+    """A start-up that fails with StartupFailed, reported in its one line: Starlette sends the server the
+    lifespan's exception with its traceback, which uvicorn logs (30 lines for one broken graph among the models);
+    a StartupFailed was logged, one line naming the model and what is wrong, where it was raised."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+
+        async def reporting(message):
+            # Starlette sends this inside its `except` around the lifespan: the exception is the one in hand
+            if message["type"] == "lifespan.startup.failed" and isinstance(sys.exc_info()[1], StartupFailed):
+                message = {**message, "message": ""}  # uvicorn logs none, then "Application startup failed"
+            await send(message)
+
+        await self.app(scope, receive, reporting)
 
 
 def start_draining(app: FastAPI) -> None:
