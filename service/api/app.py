@@ -18,7 +18,15 @@ from service.admission import Admission, answer_budget, body_budget
 from service.api import embed, errors, health, openai, tracing
 from service.api.dependencies import Runtime
 from service.api.explore import ExplorePage
-from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
+from service.api.middleware import (
+    AnswerRelease,
+    ApiKeys,
+    BodyLimit,
+    ContentEncodingRefused,
+    DrainCutoff,
+    HeadAsGet,
+    RequestMetrics,
+)
 from service.api.request_id import RequestId
 from service.api.static import StaticAnswers
 from service.metrics import Metrics
@@ -77,10 +85,11 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
 
 
 def add_middleware(app: FastAPI, parts: Runtime) -> None:
-    """Outermost last: the request id on every answer and log line; metrics see every answer; CORS answers
-    preflights (which carry no key) and puts its headers on a 401 too; keys are checked before a body is read, and
-    before the answers that never change are sent from memory; a body is bounded before anything parses it. Each
-    error answer is written in its shape (OpenAI's under /v1/) where it is made (service/api/errors.py)."""
+    """Outermost last: HEAD is GET to every part; the request id on every answer and log line; metrics see every
+    answer; CORS answers preflights (which carry no key) and puts its headers on a 401 too; keys are checked before
+    a body is read, and before the answers that never change are sent from memory; a body in a content coding is
+    refused, and a body is bounded, before anything parses it. Each error answer is written in its shape (OpenAI's
+    under /v1/) where it is made (service/api/errors.py)."""
     settings = parts.settings
     app.add_middleware(
         BodyLimit,
@@ -90,6 +99,7 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
         timeout_s=settings.body_timeout_s,
         min_rate=settings.body_min_rate,
     )
+    app.add_middleware(ContentEncodingRefused)  # before the body is read
     app.add_middleware(AnswerRelease, budget=parts.answers)  # what a request took of the answer budget, given back
     app.add_middleware(StaticAnswers, fastapi=app)  # the OpenAPI document and the docs' files, from memory
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
@@ -105,6 +115,7 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
         )
     app.add_middleware(RequestMetrics, metrics=parts.metrics)
     app.add_middleware(RequestId, access_log=settings.access_log)  # every answer, errors too, carries the id
+    app.add_middleware(HeadAsGet)  # every part sees GET: the same keys, routes and answers
     app.add_middleware(StartupReport)  # the lifespan's scope only
 
 
