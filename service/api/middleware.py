@@ -16,6 +16,7 @@ from service.api.errors import send_error
 from service.api.paths import app_path
 from service.errors import (
     BadRequest,
+    ClientGone,
     NotReady,
     Overloaded,
     ServiceError,
@@ -145,8 +146,8 @@ class BodyLimit:
                     message = await asyncio.wait_for(receive(), self._wait(start, size))
                 except asyncio.TimeoutError:
                     return await self._too_slow(scope, send, size, perf_counter() - start)
-                if message["type"] != "http.request":
-                    break  # the client went away; the app will see it
+                if message["type"] != "http.request":  # the client left before its body was all sent: 499 (its
+                    return await send_error(scope, send, ClientGone())  # partial body was parsed: 422)
                 chunk = message.get("body", b"")
                 if size + len(chunk) > self.limit:
                     return await self._too_large(scope, send)
