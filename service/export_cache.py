@@ -94,9 +94,9 @@ def unusable(folder: Path, sums: dict[str, str]) -> str | None:
     manifest = info.manifest
     if manifest.get("graph_version") != GRAPH_VERSION:
         return f"graph version {manifest.get('graph_version')}, and this engine's is {GRAPH_VERSION}"
-    sources = manifest.get("sources")
+    sources = manifest.get("sources") if isinstance(manifest.get("sources"), dict) else {}
     for kind, want in sums.items():
-        got = sources.get(kind, {}).get("sha256") if isinstance(sources, dict) else None
+        got = sources[kind].get("sha256") if isinstance(sources.get(kind), dict) else None
         if got != want:
             return f"made from other {kind} (sha256 {got}, and the file given is {want})"
     if not manifest.get("canaries"):

@@ -176,3 +176,25 @@ def test_a_model_folder_without_its_sums_is_refused(tmp_path, text, tiny_model_d
     )  # fmt: skip
     assert done.returncode == 1 and "records no sha256 of its files" in done.stderr, done.stderr
     assert not (tmp_path / "out.hdf5").exists()
+
+
+@pytest.mark.parametrize(
+    "sources, named",
+    [(None, "made from other options"), ([], "made from other options"), ({"options": "x"}, "made from other options"),
+     ({"options": {"sha256": "0" * 64}}, "made from other options (sha256 " + "0" * 64)],
+    ids=["none", "a-list", "not-an-object", "another-file"],
+)  # fmt: skip
+def test_a_manifest_naming_other_sources_is_unusable(tmp_path, tiny_model_dir, sources, named):
+    from service.export_cache import unusable
+
+    folder = tmp_path / NAME
+    shutil.copytree(tiny_model_dir, folder)
+    sums = inputs_hash(TINY / "options.json", TINY / "lm_weights.hdf5")[1]
+    assert unusable(folder, sums) is None  # the same files' export
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if sources is None:
+        del manifest["sources"]
+    else:
+        manifest["sources"] = sources
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert named in unusable(folder, sums)
