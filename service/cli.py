@@ -5,14 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,8 +19,9 @@ from service.bulk.inputs import expand, split, whole_files
 from service.bulk.parts import PART_LINES, Job, about, merge, part_lines, refuse
 from service.engine import canary
 from service.engine.session import Engine
+from service.export_cache import exported_model
 from service.logs import configure as configure_logs
-from service.manifest import GRAPH_VERSION
+from service.manifest import verify_files
 from service.settings import DEFAULT_MODEL_DIR, default_batch_tokens
 
 
@@ -245,6 +243,7 @@ def _embed_here(args, inputs: list[str], output: Output, bad: list, jobs: list[J
     turn."""
     engine = Engine(args.model, provider=args.provider, intra_op_threads=args.threads or 0, precision=args.precision,
                     device_id=args.device_id, cuda_graphs=args.cuda_graphs)  # fmt: skip
+    verify_files(engine.info, engine.graph)  # every file it reads as exported (sha256), as elmo-serve checks
     report = canary.check(engine, canary.MARGIN)
     print(f"elmo-embed: {report.describe()}", file=sys.stderr)
     if report.checked and not report.passed and args.canary == "refuse":
@@ -313,46 +312,6 @@ def merge_main(argv: list[str]) -> int:
         return 1
     print(f"merged {done['files']} files, {done['datasets']} datasets -> {args.output}", file=sys.stderr)
     return 0
-
-
-def exported_model(options_file: str, weight_file: str) -> Path:
-    """allennlp's model files as an export elmo-embed can run: elmo-export's folder for them, made once in the
-    cache (ELMO_CACHE_DIR, else ~/.cache/elmo-service/allennlp) under the hash of both files and the graph
-    version, so the same files are exported again only when the service's graph changes."""
-    files = [Path(options_file), Path(weight_file)]
-    for given in (options_file, weight_file):
-        if "://" in given:
-            raise FileNotFoundError(
-                f"{given}: elmo-embed reads local files only: download it, or export the "
-                "model once with elmo-export and pass --model"
-            )
-        if not Path(given).is_file():
-            raise FileNotFoundError(f"file {given} not found")  # allennlp's cached_path's words
-    digest = hashlib.sha256(f"graph {GRAPH_VERSION}".encode())
-    for path in files:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    cache = Path(os.environ.get("ELMO_CACHE_DIR") or Path.home() / ".cache" / "elmo-service" / "allennlp")
-    folder = cache / digest.hexdigest()[:16]
-    if (folder / "manifest.json").is_file():
-        return folder
-    export = shutil.which("elmo-export", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    if export is None:
-        raise FileNotFoundError(
-            "--options-file/--weight-file are exported by elmo-export, not installed here "
-            "(pip install 'elmo-service[export]'): or export elsewhere and pass --model"
-        )
-    print(f"elmo-embed: exporting {options_file} and {weight_file} once into {folder}", file=sys.stderr)
-    cache.mkdir(parents=True, exist_ok=True)
-    work = cache / f"{folder.name}.partial-{os.getpid()}"
-    done = subprocess.run([export, "--options", str(files[0]), "--weights", str(files[1]), "--out", str(work)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    if done.returncode != 0:
-        shutil.rmtree(work, ignore_errors=True)
-        raise RuntimeError(f"elmo-export failed on {options_file} and {weight_file}: {done.stderr.strip()[-2000:]}")
-    os.replace(work, folder)  # whole or not at all: a second elmo-embed finds a finished folder or none
-    return folder
 
 
 def cannot_listen(host: str, port: int) -> OSError | None:

@@ -86,6 +86,12 @@ class TooLarge(ServiceError):
     status = 413
 
 
+class UnsupportedEncoding(ServiceError):
+    """The body comes in a content coding (gzip, br): bodies are read as sent, so it is refused: 415."""
+
+    status = 415
+
+
 class InvalidRequest(ServiceError):
     """The request is malformed for this model (a field out of range, an empty sentence): 422."""
 

@@ -197,6 +197,13 @@ class Settings(BaseSettings):
         [], description="when set, every route but /health/* needs `Authorization: Bearer <one of them>`"
     )
     cors_origins: Annotated[list[str], NoDecode] = Field([], description="origins allowed by CORS; none: no CORS")
+    # A loopback-bound server answers loopback Host names alone: a web page that makes its name resolve to
+    # 127.0.0.1 (DNS rebinding) could call it otherwise (service/server/hosts.py).
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="Host names answered besides localhost, 127.0.0.1 and [::1] when ELMO_HOST is a loopback "
+        "address (a leading dot: the name and its subdomains; *: any); another ELMO_HOST answers any name",
+    )
     explore: bool = Field(True, description="serve the /explore page (its files need no API key; its calls do)")
     # Trusted from 127.0.0.1 by uvicorn's default, X-Forwarded-For let any local process choose its address.
     forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
@@ -224,7 +231,7 @@ class Settings(BaseSettings):
         "/metrics on the main port alone, behind the keys if any",
     )
 
-    @field_validator("api_keys", "cors_origins", "forwarded_allow_ips", mode="before")
+    @field_validator("api_keys", "cors_origins", "forwarded_allow_ips", "allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value):
         if isinstance(value, str):

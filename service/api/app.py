@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -17,11 +18,19 @@ from service.admission import Admission, answer_budget, body_budget
 from service.api import embed, errors, health, openai, tracing
 from service.api.dependencies import Runtime
 from service.api.explore import ExplorePage
-from service.api.middleware import AnswerRelease, ApiKeys, BodyLimit, DrainCutoff, RequestMetrics
+from service.api.middleware import (
+    AnswerRelease,
+    ApiKeys,
+    BodyLimit,
+    ContentEncodingRefused,
+    DrainCutoff,
+    HeadAsGet,
+    RequestMetrics,
+)
 from service.api.request_id import RequestId
 from service.api.static import StaticAnswers
 from service.metrics import Metrics
-from service.models import load_models
+from service.models import StartupFailed, load_models
 from service.settings import Settings
 from service.text.moses import tokenize
 from service.tokenizing import TokenizeTurns
@@ -76,10 +85,11 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
 
 
 def add_middleware(app: FastAPI, parts: Runtime) -> None:
-    """Outermost last: the request id on every answer and log line; metrics see every answer; CORS answers
-    preflights (which carry no key) and puts its headers on a 401 too; keys are checked before a body is read, and
-    before the answers that never change are sent from memory; a body is bounded before anything parses it. Each
-    error answer is written in its shape (OpenAI's under /v1/) where it is made (service/api/errors.py)."""
+    """Outermost last: HEAD is GET to every part; the request id on every answer and log line; metrics see every
+    answer; CORS answers preflights (which carry no key) and puts its headers on a 401 too; keys are checked before
+    a body is read, and before the answers that never change are sent from memory; a body in a content coding is
+    refused, and a body is bounded, before anything parses it. Each error answer is written in its shape (OpenAI's
+    under /v1/) where it is made (service/api/errors.py)."""
     settings = parts.settings
     app.add_middleware(
         BodyLimit,
@@ -89,6 +99,7 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
         timeout_s=settings.body_timeout_s,
         min_rate=settings.body_min_rate,
     )
+    app.add_middleware(ContentEncodingRefused)  # before the body is read
     app.add_middleware(AnswerRelease, budget=parts.answers)  # what a request took of the answer budget, given back
     app.add_middleware(StaticAnswers, fastapi=app)  # the OpenAPI document and the docs' files, from memory
     app.add_middleware(ApiKeys, keys=[key.get_secret_value() for key in settings.api_keys])
@@ -104,13 +115,15 @@ def add_middleware(app: FastAPI, parts: Runtime) -> None:
         )
     app.add_middleware(RequestMetrics, metrics=parts.metrics)
     app.add_middleware(RequestId, access_log=settings.access_log)  # every answer, errors too, carries the id
+    app.add_middleware(HeadAsGet)  # every part sees GET: the same keys, routes and answers
+    app.add_middleware(StartupReport)  # the lifespan's scope only
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     parts: Runtime = app.state.runtime
     tracing.redact_spans(app.state.tracer_provider)  # FastAPI has configured its provider from OTEL_* by now
-    # every model, or a RuntimeError naming the one that failed; on a thread, so that the event loop serves the
+    # every model, or StartupFailed naming the one that failed; on a thread, so that the event loop serves the
     # metrics port (ELMO_METRICS_PORT) while the models load, as it did when that port had a thread of its own
     models = await asyncio.to_thread(load_models, parts.settings, parts.metrics)
     app.state.models = models
@@ -126,6 +139,27 @@ async def lifespan(app: FastAPI):
     parts.encode_pool.shutdown(wait=False, cancel_futures=True)
     parts.parse_pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
+
+
+class StartupReport:
+    """A start-up that fails with StartupFailed, reported in its one line: Starlette sends the server the
+    lifespan's exception with its traceback, which uvicorn logs (30 lines for one broken graph among the models);
+    a StartupFailed was logged, one line naming the model and what is wrong, where it was raised."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+
+        async def reporting(message):
+            # Starlette sends this inside its `except` around the lifespan: the exception is the one in hand
+            if message["type"] == "lifespan.startup.failed" and isinstance(sys.exc_info()[1], StartupFailed):
+                message = {**message, "message": ""}  # uvicorn logs none, then "Application startup failed"
+            await send(message)
+
+        await self.app(scope, receive, reporting)
 
 
 def start_draining(app: FastAPI) -> None:

@@ -132,8 +132,8 @@ class _Parser:
         in a string or a nested list: the decode fails) or there is no comma. A long list of numbers or tokens
         costs a call per window instead of one per item."""
         text = self.text
-        if i < self.no_run_until or text[i] in "[{":
-            return None
+        if i >= len(text) or i < self.no_run_until or text[i] in "[{":
+            return None  # past the end (a body cut after a comma): value() names what is missing, and where
         # The last comma, or the last after a closing quote (a comma inside a text is not one between items)
         for end in (text.rfind(",", i, i + WINDOW), text.rfind('",', i, i + WINDOW) + 1):
             if end <= i:

@@ -1,6 +1,6 @@
-"""ASGI middleware of the service: API keys, the body limit and budget (before any parsing), the answer budget's
-release, per-route request metrics, and the answer to requests cut off by the drain bound. The budgets themselves
-are service/admission.py's; this is where HTTP meets them."""
+"""ASGI middleware of the service: HEAD as GET, API keys, content codings refused, the body limit and budget
+(before any parsing), the answer budget's release, per-route request metrics, and the answer to requests cut off by
+the drain bound. The budgets themselves are service/admission.py's; this is where HTTP meets them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,18 @@ from time import perf_counter, thread_time
 from service.admission import KeyedBudget
 from service.api.errors import send_error
 from service.api.paths import app_path
-from service.errors import BadRequest, NotReady, Overloaded, ServiceError, TooLarge, TooSlow, Unauthorized
+from service.errors import (
+    BadRequest,
+    ClientGone,
+    NotReady,
+    Overloaded,
+    ServiceError,
+    TooLarge,
+    TooSlow,
+    Unauthorized,
+    UnsupportedEncoding,
+    shown,
+)
 from service.metrics import Metrics
 
 log = logging.getLogger("elmo.service")
@@ -64,6 +75,44 @@ class ApiKeys:
         await send_error(scope, send, refused)
 
 
+class HeadAsGet:
+    """HEAD answered wherever GET is (RFC 9110 section 9.3.2): routed as GET, and uvicorn, which still sees HEAD in
+    its own scope, sends the answer's headers without its body. FastAPI's routes answer the methods they name, so
+    `HEAD /health/ready`, `/info` and `/metrics` were 405, and load balancers check health with HEAD. A route
+    without GET (POST /embed) answers HEAD 405, with its Allow, as before. Counted and logged as GET."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
+
+
+class ContentEncodingRefused:
+    """A body in a content coding is refused 415 before it is read (RFC 9110 section 15.5.16), with
+    `Accept-Encoding: identity`: the service reads a body as sent, so gzip was a 422 ("UnicodeDecodeError") and
+    `br` on a plain body was served as if no coding were named. Any coding, `identity` too (it is not one)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        codings = [value for name, value in scope.get("headers") or () if name == b"content-encoding"]
+        if not codings:
+            return await self.app(scope, receive, send)
+        named = shown(b", ".join(codings).decode("latin-1"))
+        refused = UnsupportedEncoding(
+            f"{named!r}: bodies are read as sent; send it uncompressed, without Content-Encoding",
+            "content-encoding",
+            headers=[(b"accept-encoding", b"identity")],
+        )
+        await send_error(scope, send, refused)
+
+
 NEXT_PART_S = 0.05  # the least a body behind the minimum rate still gets for its next part
 
 
@@ -97,8 +146,8 @@ class BodyLimit:
                     message = await asyncio.wait_for(receive(), self._wait(start, size))
                 except asyncio.TimeoutError:
                     return await self._too_slow(scope, send, size, perf_counter() - start)
-                if message["type"] != "http.request":
-                    break  # the client went away; the app will see it
+                if message["type"] != "http.request":  # the client left before its body was all sent: 499 (its
+                    return await send_error(scope, send, ClientGone())  # partial body was parsed: 422)
                 chunk = message.get("body", b"")
                 if size + len(chunk) > self.limit:
                     return await self._too_large(scope, send)

@@ -68,6 +68,7 @@ class PartEmbedder:
 
         from service.engine import canary
         from service.engine.session import Engine
+        from service.manifest import verify_files
         from service.settings import default_batch_tokens
 
         args = EngineArgs(**engine)
@@ -75,6 +76,11 @@ class PartEmbedder:
                              device_id=args.device_id, cuda_graphs=args.cuda_graphs)  # fmt: skip
         self.batch_tokens = args.batch_tokens or default_batch_tokens(self.engine.provider)
         self.node = ray.get_runtime_context().get_node_id()
+        try:  # what the local run checks: the files as exported (sha256), as elmo-serve checks, and the canaries
+            verify_files(self.engine.info, self.engine.graph)
+        except ValueError as err:
+            self.refused = f"on node {self.node[:8]}: {err}"
+            return
         report = canary.check(self.engine, canary.MARGIN)
         disagree = report.checked and not report.passed and args.canary == "refuse"
         self.refused = f"on node {self.node[:8]}: {report.describe()} (--canary warn embeds anyway)" if disagree else ""

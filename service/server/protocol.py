@@ -12,6 +12,7 @@ import struct
 
 from service.errors import BadRequest, ServiceError, TooSlow, http_answer
 from service.server.connections import ConnectionCaps, RequestTurns, Trusted
+from service.server.hosts import AllowedHosts
 from service.server.log_bounds import AddressLog
 from service.server.uvicorn_compat import (
     Cycle,
@@ -30,6 +31,7 @@ from service.server.uvicorn_compat import (
 
 log = logging.getLogger("elmo.service")
 LINGER_S = 2.0  # after refusing a request head, how long what the client still sends is read and dropped
+SPOKEN = ("1.0", "1.1")  # the HTTP versions answered; another request line's version gets 505
 # What is parsed at once: a read of 256 KiB can hold 6,898 pipelined requests, and httptools parses a whole read
 # in one call, so reads are parsed in slices of this size, and no further while `max_pipelined` requests wait.
 PARSE_SLICE = 4096
@@ -83,6 +85,9 @@ class BoundedHttpProtocol(HttpBase):
     - turns: each request is started in its address's turn (`turns`), so that one address's many connections
       cannot fill the event loop's turns; `GET /health/live` is answered outside them, by the protocol itself,
       as soon as the connection's requests before it are.
+    - framing: a request of another version than HTTP/1.0 or 1.1 (a request line of HTTP/2.0) is answered 505, and
+      one with no Host (in HTTP/1.1), two of them, or one `hosts` does not allow (service/server/hosts.py: a
+      loopback-bound server answers loopback names only), 400. uvicorn served all of them as HTTP/1.1.
     - upgrades: a WebSocket upgrade is refused (400) before anything logs it (the server serves none: uvicorn ran
       with `ws="none"`); another upgrade (h2c) is ignored, its request answered as HTTP/1.1 and the connection
       closed after it (httptools parses nothing after an upgrade). Nothing is logged for either.
@@ -102,13 +107,14 @@ class BoundedHttpProtocol(HttpBase):
     address_log = AddressLog(log)
     live_path = "/health/live"
     live = None  # the ASGI app that answers `GET live_path` outside the turns (None: the app, in its turn)
+    hosts = AllowedHosts("", [])  # any well-formed name, one per request
 
     @classmethod
     def configured(cls, **bounds) -> type[BoundedHttpProtocol]:
         """This protocol with these bounds (uvicorn makes one per connection from the class it is given)."""
         unknown = set(bounds) - {
             "head_timeout_s", "max_header_bytes", "max_headers", "max_pipelined", "write_timeout_s",
-            "answer_half_closed", "caps", "turns", "trusted", "address_log", "live_path", "live",
+            "answer_half_closed", "caps", "turns", "trusted", "address_log", "live_path", "live", "hosts",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"not a bound of the protocol: {', '.join(sorted(unknown))}")
@@ -354,6 +360,14 @@ class BoundedHttpProtocol(HttpBase):
         if self.http_parser.should_upgrade() and self.upgrade_asked() == b"websocket":
             self._head_refusal = BadRequest("this server speaks no WebSocket; send plain HTTP/1.1 requests", "upgrade")
             raise _HeadRefused  # answered after the requests before it, as a bad head is
+        version = self.http_parser.get_http_version()
+        if version not in SPOKEN:
+            message = f"HTTP/{version} is not spoken here: send HTTP/1.1"
+            self._head_refusal = ServiceError(message, "request", status=505)
+            raise _HeadRefused
+        if refused := self.hosts.refusal(self.head_fields, version):
+            self._head_refusal = refused
+            raise _HeadRefused
         self._in_head = False
         self._trailers = len(self.head_fields)
         self._cancel_head_timer()

@@ -21,6 +21,7 @@ from service.api.tracing import TraceContextGate
 from service.metrics import Metrics
 from service.server import uvicorn_compat
 from service.server.connections import ConnectionCaps, RequestTurns, Trusted, connection_limit, raise_open_files
+from service.server.hosts import AllowedHosts
 from service.server.log_bounds import AddressLog
 from service.server.metrics_port import MAX_CONNECTIONS, MAX_PER_CLIENT, MetricsApp
 from service.server.protocol import BoundedHttpProtocol
@@ -57,6 +58,7 @@ def serve(app: FastAPI, settings: Settings, on_signal: Callable[[], None], metri
         address_log=caps.address_log,
         live_path=LIVE_PATH,
         live=live_answer,
+        hosts=AllowedHosts(settings.host, settings.allowed_hosts),
     )
     sides = (metrics_side(app, settings, http),) if settings.metrics_port is not None else ()
     # trace context only from the trusted proxies: judged by the connection's peer, before the proxy headers'
@@ -88,7 +90,8 @@ def metrics_side(app: FastAPI, settings: Settings, main: type[BoundedHttpProtoco
     header limits, pipelining and write timeout), with connection caps of its own and no turns or liveness
     answer (service/server/metrics_port.py)."""
     caps = ConnectionCaps(MAX_CONNECTIONS, MAX_PER_CLIENT, Trusted([]), main.address_log)
-    http = main.configured(caps=caps, turns=None, trusted=Trusted([]), live=None)
+    # one Host per request, of any name: /metrics alone, for a scraper that names the target as it was configured
+    http = main.configured(caps=caps, turns=None, trusted=Trusted([]), live=None, hosts=AllowedHosts("", []))
     return uvicorn_compat.SidePort(
         MetricsApp(app),
         http,

@@ -126,7 +126,7 @@ def chunked_post(port: int, path: str, body: bytes, headers: bytes = b"", traile
     """A POST whose body is chunked, with `trailer` fields after its last chunk; its answer."""
     from tests.live_server import raw_exchange
 
-    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+    head = f"POST {path} HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
     data = head.encode() + headers + b"\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n" + trailer + b"\r\n"
     ((status, answer_headers, answer),) = raw_exchange(port, data, answers=1)
     return status, answer_headers, answer

@@ -178,7 +178,7 @@ def test_at_the_limit_in_all_the_largest_holder_loses_an_idle_connection(tiny_mo
         busy = [from_address("127.0.0.4", server.port)]
         for sock in [*first[1:], *second, *busy]:
             sock.setblocking(True)
-            sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\n")  # and never the rest
+            sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: [::1]\r\n")  # and never the rest
         time.sleep(0.3)
         newcomer = from_address("127.0.0.5", server.port)
         refusal = turned_away(newcomer)
@@ -218,7 +218,7 @@ STALLED = 8 << 20  # each upload declares this, sends all but 16 bytes and stops
 
 def stalled_upload(port: int, source: str, forwarded_for: str) -> socket.socket:
     sock = from_address(source, port)
-    head = (f"POST /embed HTTP/1.1\r\nhost: x\r\nx-forwarded-for: {forwarded_for}\r\ncontent-type: application/json"
+    head = (f"POST /embed HTTP/1.1\r\nhost: [::1]\r\nx-forwarded-for: {forwarded_for}\r\ncontent-type: application/json"
             f"\r\ncontent-length: {STALLED}\r\n\r\n")  # fmt: skip
     sock.sendall(head.encode() + b"x" * (STALLED - 16))
     return sock

@@ -266,7 +266,11 @@ def test_the_fragment_restores_the_view(tab, browser, server):
     again = Page(browser, server.url)
     try:
         again.page.goto(url)
-        wait_until(again.page, "window.elmoExplore.timings.embedToRender", 60)
+        again.models_loaded()
+        time.sleep(0.5)
+        assert not any(r.endswith("/embed") for r in again.requests)  # nothing embedded on opening the link
+        assert "press Embed" in again.page.inner_text("#status")
+        embed_and_wait(again.page, 60)
         state = again.value("({...window.elmoExplore.state, data: null, mixed: null, fixed: null, models: null})")
         assert state["word"] == "plant" and state["weights"] == pytest.approx([0, -1.2, 0])
         assert state["layerNorm"] is True and state["heat"]["view"] == 1 and state["groups"] == ["A"] * 4 + ["B"] * 4
@@ -274,6 +278,28 @@ def test_the_fragment_restores_the_view(tab, browser, server):
         assert again.page.input_value("#sentences") == tab.page.input_value("#sentences")
     finally:
         again.close()
+
+
+def test_a_link_s_numbers_are_clamped_and_it_embeds_only_on_a_press(tab, server):
+    """A link is anyone's to send: gamma=1e308 drew NaN, and opening a link sent its text to the server at once."""
+    fragment = "#s=The+bank+of+the+river+.%0AThe+bank+raised+rates+.&word=bank&weights=1e308,-1e308,0&gamma=1e308"
+    tab.open("/explore" + fragment).models_loaded()
+    time.sleep(0.5)
+    assert not any(r.endswith("/embed") for r in tab.requests)
+    state = tab.value("window.elmoExplore.state")
+    assert state["gamma"] == 4 and state["weights"] == [5, -5, 0]  # the sliders' ends
+    assert tab.page.input_value("#gamma") == "4"
+    embed_and_wait(tab.page, 60)
+    assert [r for r in tab.requests if r.endswith("/embed")] == [server.url + "/embed"]
+    mixed = tab.matrix("mix")
+    assert mixed.shape == (2, 2) and np.isfinite(mixed).all()  # was NaN
+    vector = np.asarray(tab.value("window.elmoExplore.mix(0, 1)"))
+    assert np.isfinite(vector).all() and np.abs(vector).max() > 0
+    tab.open("/explore#s=a+b&gamma=0")
+    tab.page.reload()  # a new fragment alone does not load the page again
+    tab.models_loaded()
+    assert tab.value("window.elmoExplore.state.gamma") == 0.1  # the other end
+    assert not tab.errors, tab.errors
 
 
 def test_the_keyboard_alone_runs_the_whole_flow(tab):

@@ -323,7 +323,9 @@ def test_moses_never_runs_on_a_text_that_is_refused(tiny_model_dir, monkeypatch)
 
 
 def chunked(path: str, body: bytes, trailer: bytes = b"", size_line: bytes | None = None) -> bytes:
-    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
     size = b"%x" % len(body) if size_line is None else size_line
     return head.encode() + size + b"\r\n" + body + b"\r\n0\r\n" + trailer + b"\r\n"
 

@@ -128,7 +128,7 @@ def test_a_request_whose_client_left_never_reaches_the_engine(tiny_model_dir, tm
         body = json.dumps({"sentences": [["left", "before", "its", "answer"]] * 3}).encode()
         sock = socket.create_connection(("127.0.0.1", server.port))
         sock.sendall(
-            b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\n"
             + f"content-length: {len(body)}\r\n\r\n".encode()
             + body
         )
@@ -172,7 +172,9 @@ def stalled_upload(port: int, declared: int, sent: int, source: str = "127.0.0.1
     """A POST /embed from `source` (an address of the loopback range) that declares `declared` bytes of body,
     sends `sent` of them, then nothing more."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
-    head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+    head = (
+        f"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+    )
     sock.sendall(head.encode() + b"x" * sent)
     return sock
 
@@ -347,7 +349,9 @@ def unread_request(port: int, body: bytes = LARGE) -> socket.socket:
     """A POST whose answer is never read: the client keeps its connection open and reads nothing."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the answer stays in the server
-    head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    head = (
+        f"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
     sock.sendall(head.encode() + body)
     return sock
 
@@ -391,7 +395,9 @@ def half_closed_post(port: int, body: dict) -> tuple[int, bytes]:
     """A POST whose client closes its sending side once the request is sent, then reads what comes."""
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+    head = (
+        f"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+    )
     sock.sendall(head.encode() + data)
     sock.shutdown(socket.SHUT_WR)
     got = b""
@@ -467,7 +473,9 @@ def unread_from(address: str, port: int, body: bytes = LARGE) -> socket.socket:
     """A POST from `address` whose answer is never read."""
     sock = socket.create_connection(("127.0.0.1", port), source_address=(address, 0))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    head = (
+        f"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
     sock.sendall(head.encode() + body)
     return sock
 

@@ -56,9 +56,13 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
 @pytest.mark.parametrize(
     ("head", "status"),
     [
-        (b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n", b"401"),
         (
-            b"POST /embed HTTP/1.1\r\nhost: x\r\nauthorization: Bearer test-key\r\ncontent-type: application/json\r\n"
+            b"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n",
+            b"401",
+        ),
+        (
+            b"POST /embed HTTP/1.1\r\nhost: [::1]\r\nauthorization: Bearer test-key\r\n"
+            b"content-type: application/json\r\n"
             b"content-length: 5000000\r\n\r\n",
             b"413",
         ),
@@ -83,11 +87,11 @@ def test_a_connection_answered_before_its_body_came_is_closed(server, head, stat
 
 
 def test_a_connection_whose_answered_body_comes_whole_carries_the_next_request(server):
-    head = b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+    head = b"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(head + b"{")
         assert read_answer(sock).split(b" ", 2)[1] == b"401"
-        sock.sendall(b" " * 999 + b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+        sock.sendall(b" " * 999 + b"GET /health/live HTTP/1.1\r\nhost: [::1]\r\n\r\n")
         got = b""
         while b"HTTP/1.1 200" not in got:
             part = sock.recv(65536)
@@ -97,7 +101,7 @@ def test_a_connection_whose_answered_body_comes_whole_carries_the_next_request(s
 
 def chunked_head(path: str = "/embed") -> bytes:
     return (
-        f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer test-key\r\ncontent-type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nhost: [::1]\r\nauthorization: Bearer test-key\r\ncontent-type: application/json\r\n"
         "transfer-encoding: chunked\r\n\r\n"
     ).encode()
 

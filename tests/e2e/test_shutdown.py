@@ -136,7 +136,8 @@ def test_an_answer_still_being_sent_at_the_drain_bound_ends_without_a_traceback(
         sock = socket.create_connection(("127.0.0.1", port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         head = (
-            f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+            f"POST /embed HTTP/1.1\r\nhost: [::1]\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
         )
         sock.sendall(head.encode() + body)
         sock.settimeout(30)

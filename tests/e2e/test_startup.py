@@ -71,3 +71,58 @@ def test_a_misspelled_setting_is_warned_about_and_the_server_starts(tiny_model_d
     # ELMO_URL is elmo_client's: not the server's, and not a mistake
     assert warnings == ["elmo-serve: warning: ELMO_MAXWAIT_MS is not a setting and is ignored: did you mean "
                         "ELMO_MAX_WAIT_MS?"]  # fmt: skip
+
+
+def _graph_changed(folder, change) -> None:
+    """model.onnx with one initializer changed by `change(array) -> array`, its sha256 in the manifest updated
+    (so that what fails is the graph, not the sums' check)."""
+    import json
+
+    import onnx
+    from onnx import numpy_helper
+
+    from service.manifest import sha256
+
+    graph = onnx.load(folder / "model.onnx")
+    for k, tensor in enumerate(graph.graph.initializer):
+        if tensor.name.startswith(change[0]):
+            graph.graph.initializer[k].CopyFrom(numpy_helper.from_array(change[1](numpy_helper.to_array(tensor)),
+                                                                        tensor.name))  # fmt: skip
+            break
+    onnx.save(graph, folder / "model.onnx")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["model.onnx"] = sha256(folder / "model.onnx")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _flipped_byte(folder) -> None:
+    raw = bytearray((folder / "model.onnx").read_bytes())
+    raw[-100] ^= 0x01
+    (folder / "model.onnx").write_bytes(bytes(raw))
+
+
+BROKEN_AMONG_MODELS = {  # (id): how to break the second model's copy, what its one line says
+    "truncated-graph": (lambda d: (d / "model.onnx").write_bytes((d / "model.onnx").read_bytes()[:100_000]),
+                        "cannot load the model 'second' from {dir}: InvalidProtobuf"),
+    "changed-byte": (_flipped_byte,
+                     "cannot load the model 'second' from {dir}: ValueError: {dir}/model.onnx: its sha256"),
+    "graph-that-cannot-run": (lambda d: _graph_changed(d, ("w_tr_", lambda w: w[:, :-1])),
+                              "the model 'second' from {dir}"),
+    "canaries-disagree": (lambda d: _graph_changed(d, ("b_proj_", lambda b: b + 0.1)),
+                          "model 'second': graph model.onnx (fp32) on CPUExecutionProvider: canaries DISAGREE"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BROKEN_AMONG_MODELS, ids=list(BROKEN_AMONG_MODELS))
+def test_a_broken_graph_among_the_models_stops_startup_with_one_line(tiny_model_dir, tmp_path, case):
+    model_dir = tmp_path / "second"
+    shutil.copytree(tiny_model_dir, model_dir)
+    breaking, message = BROKEN_AMONG_MODELS[case]
+    breaking(model_dir)
+    text = refused_to_start(
+        None, tmp_path / "server.log", {"ELMO_MODELS": f"first={tiny_model_dir},second={model_dir}"}
+    )
+    assert "Traceback" not in text and 'File "' not in text, text  # was 30 lines of it, rc 3 after 2.4 s
+    errors = [line for line in text.splitlines() if "ERROR" in line and "Application startup failed" not in line]
+    assert len(errors) == 1, text
+    assert message.format(dir=model_dir) in errors[0], text

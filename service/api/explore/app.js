@@ -265,16 +265,22 @@ function saveState() {
   history.replaceState(null, "", `#${p.toString()}`);
 }
 
+const WEIGHT_RANGE = [-5, 5]; // the weight sliders'
+const gammaRange = () => [Number($("gamma").min), Number($("gamma").max)];
+const within = (x, [low, high]) => Math.min(high, Math.max(low, x));
+
 function loadState() {
   const p = new URLSearchParams(location.hash.slice(1));
   if (!p.has("s")) return false;
   $("sentences").value = p.get("s");
   $("model").dataset.wanted = p.get("model") || "";
   state.word = p.get("word") || "";
+  // A link's numbers within its sliders' ranges: the page draws what its controls can show and set (gamma=1e308
+  // drew NaN, and a weight of 1e308 made the softmax NaN)
   const weights = (p.get("weights") || "").split(",").map(Number);
-  if (weights.length && weights.every(Number.isFinite)) state.weights = weights;
+  if (weights.length && weights.every(Number.isFinite)) state.weights = weights.map((w) => within(w, WEIGHT_RANGE));
   const gamma = Number(p.get("gamma"));
-  if (p.has("gamma") && Number.isFinite(gamma)) state.gamma = gamma;
+  if (p.has("gamma") && Number.isFinite(gamma)) state.gamma = within(gamma, gammaRange());
   state.normalize = p.get("normalize") === "none" ? "none" : "softmax";
   state.layerNorm = p.get("layer_norm") === "1";
   state.groups = [...(p.get("groups") || "")].map((g) => (g === "A" || g === "B" ? g : ""));
@@ -293,7 +299,8 @@ function buildSliders() {
     const id = `weight-${j}`;
     const row = el("div", { class: "slider" });
     const label = el("label", { for: id }, `s${j} (layer ${j})`);
-    const input = el("input", { id, type: "range", min: "-5", max: "5", step: "0.1", value: String(value) });
+    const [min, max] = WEIGHT_RANGE.map(String);
+    const input = el("input", { id, type: "range", min, max, step: "0.1", value: String(value) });
     const out = el("output", { for: id, id: `${id}-out` });
     input.addEventListener("input", () => {
       state.weights[j] = Number(input.value);
@@ -910,6 +917,8 @@ window.elmoExplore = {
 wire();
 const restored = loadState();
 $("gamma").value = String(state.gamma);
+// A link restores the page's text and settings; it embeds on a press of Embed, never on opening: a link is anyone's
+// to send, and opening it should not send its text to the server.
 loadModels().then((ok) => {
-  if (ok && restored) embed();
+  if (ok && restored) $("status").textContent = "Restored from the link: press Embed to embed these sentences.";
 });
