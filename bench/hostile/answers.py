@@ -108,7 +108,7 @@ def unread_answers(url: str, port: int, pid: int, clients: int = 40, wait_s: flo
 
 
 def unread_pipelines(url: str, port: int, pid: int, connections: int = 60) -> None:
-    head = b"GET /health/live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+    head = b"GET /health/live HTTP/1.1\r\nhost: [::1]\r\n\r\n"
     data = head * (256 * 1024 // len(head))
     with PeakRss(pid) as rss, httpx.Client(base_url=url, timeout=120) as client:
         socks = []

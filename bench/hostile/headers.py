@@ -23,7 +23,8 @@ def with_keys(model: Path, tree: Path) -> None:
     try:
         body = b'{"sentences": [["a"]]}'
         head = (
-            b"POST /embed HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
         )
         chunked = head + b"%x\r\n" % len(body) + body + b"\r\n0\r\n"
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
@@ -42,7 +43,7 @@ def with_keys(model: Path, tree: Path) -> None:
         logged = log.stat().st_size
         for _ in range(200):
             with socket.create_connection(("127.0.0.1", port)) as sock:
-                sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n" * 2)
+                sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: [::1]\r\n\r\n" * 2)
         time.sleep(2)
         print(f"    200 connections of two pipelined GETs, closed at once: {log.stat().st_size - logged} bytes of log")
     finally:
@@ -62,7 +63,7 @@ def upgrade_requests(model: Path, tree: Path, count: int = 300) -> None:
         statuses = Counter()
         for k in range(count):
             path = f"/embed?sentences={marker}{k}-" + "x" * 8000
-            head = (f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+            head = (f"GET {path} HTTP/1.1\r\nhost: [::1]\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
                     "sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")  # fmt: skip
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -94,7 +95,7 @@ def spoofed_forwarded_for(model: Path, tree: Path) -> None:
         socks = []
         for k in range(4):
             sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-            head = (f"POST /embed HTTP/1.1\r\nhost: 127.0.0.1\r\nx-forwarded-for: 203.0.113.{k + 1}\r\n"
+            head = (f"POST /embed HTTP/1.1\r\nhost: [::1]\r\nx-forwarded-for: 203.0.113.{k + 1}\r\n"
                     f"content-type: application/json\r\ncontent-length: {8 << 20}\r\n\r\n")  # fmt: skip
             sock.sendall(head.encode() + b"x" * ((8 << 20) - 16))
             socks.append(sock)

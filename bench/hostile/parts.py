@@ -145,13 +145,15 @@ def from_address(address: str, port: int) -> socket.socket:
 
 
 def post_bytes(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    head = f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    head = f"POST {path} HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
     return head.encode() + extra + b"\r\n" + body
 
 
 def stalled_upload(port: int, sent: int, declared: int = 8 << 20, source: str = "127.0.0.1") -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
-    head = f"POST /embed HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+    head = (
+        f"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+    )
     sock.sendall(head.encode() + b"x" * sent)
     return sock
 

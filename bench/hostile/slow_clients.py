@@ -60,7 +60,8 @@ def budget_holder(port: int, address: str, stop: threading.Event, bucket: list[f
         try:
             sock = from_address(address, port)
             head = (
-                f"POST /embed HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {body}\r\n\r\n"
+                f"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\n"
+                f"content-length: {body}\r\n\r\n"
             )
             sock.sendall(head.encode() + b"x" * (body - 16))
             sent["bodies"] += 1
@@ -123,8 +124,8 @@ def slow_reader(port: int, address: str, request: bytes) -> socket.socket | None
 def slow_static_readers(model: Path, tree: Path, connections: int = 2000, seconds: float = 15) -> None:
     """Readers that never read the Swagger UI bundle (1.5 MB), from one address and from twenty, and
     pipelines of the OpenAPI document."""
-    bundle = b"GET /static-offline-docs/swagger-ui-bundle.js HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
-    openapi = b"GET /openapi.json HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n" * 16
+    bundle = b"GET /static-offline-docs/swagger-ui-bundle.js HTTP/1.1\r\nhost: [::1]\r\n\r\n"
+    openapi = b"GET /openapi.json HTTP/1.1\r\nhost: [::1]\r\n\r\n" * 16
     cases = [(f"{connections} readers of the 1.5 MB Swagger UI bundle from one address", bundle, ["127.0.0.2"]),
              (f"{connections} of them from 20 addresses", bundle, [f"127.0.1.{k}" for k in range(1, 21)]),
              ("500 connections of 16 pipelined GET /openapi.json, from 20 addresses", openapi,
@@ -153,7 +154,7 @@ def early_answers_then_a_byte(model: Path, tree: Path, count: int = 20, silence_
     """Connections answered 401 before their bodies came, then sent one more byte of the body."""
     server, _, port = start_server(model, root=tree, settings={"ELMO_API_KEYS": "bench-key"})
     try:
-        head = b"POST /embed HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"
+        head = b"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"
         socks, statuses = [], Counter()
         for _ in range(count):
             sock = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -183,7 +184,9 @@ def _chunked(port: int, body: bytes, size: int) -> tuple[str, float]:
     """`body` sent chunked, in chunks of `size` bytes: the answer's status and the seconds to it."""
     parts = (body[k : k + size] for k in range(0, len(body), size))
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts)
-    head = b"POST /embed HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    head = (
+        b"POST /embed HTTP/1.1\r\nhost: [::1]\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
         start = time.perf_counter()
         with contextlib.suppress(OSError):  # refused and closed before all of it was sent

@@ -13,10 +13,10 @@ FORGED = b"/x%0D%0A2026-11-28 12:00:00,000 INFO elmo.access: GET /embed status=2
 def test_an_unmatched_path_never_reaches_the_text_log_raw(tiny_model_dir, tmp_path):
     settings = {"ELMO_ACCESS_LOG": "true", "ELMO_LOG_FORMAT": "text"}
     with running_server(tiny_model_dir, tmp_path, settings) as server:
-        head = b"GET " + FORGED.replace(b" ", b"%20") + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nx-request-id: forged-1\r\n\r\n"
+        head = b"GET " + FORGED.replace(b" ", b"%20") + b" HTTP/1.1\r\nhost: [::1]\r\nx-request-id: forged-1\r\n\r\n"
         ((status, _, _),) = raw_exchange(server.port, head, 1)
         assert status == 404
-        post = b"POST /embed%0D%0Ax HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 2\r\nx-request-id: forged-2\r\n\r\n{}"
+        post = b"POST /embed%0D%0Ax HTTP/1.1\r\nhost: [::1]\r\ncontent-length: 2\r\nx-request-id: forged-2\r\n\r\n{}"
         ((status, _, _),) = raw_exchange(server.port, post, 1)
         assert status in (404, 405)
         time.sleep(0.5)
