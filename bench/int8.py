@@ -44,11 +44,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bench.common import BUILD, FULL_OPTIONS, ROOT, fixture_sentences, full_size_model, in_turn
+from bench.common import BUILD, ROOT, fixture_sentences, full_size_model, in_turn
 from bench.yardstick import Yardstick, bulk_batches, made_up_sentences, node_times, profiled_engine
 from model_export.export import CHECK_SENTENCES, INT8
 from model_export.onnx_graph import Int8, build_onnx_model
-from model_export.options import load_options
 from model_export.weights import load_bilm
 from service.engine.canary import cosine_min, max_abs_error
 from service.engine.session import Engine
@@ -193,13 +192,13 @@ def report(label: str, precision: str, nodes: dict[str, tuple[str, float]], toke
 
 def profile_main(export: Path, model, schemes: list[str], sentences: int, threads: int, rounds: int) -> None:
     """The profile of `export`'s fp32 graph and of each int8 candidate (`export`: the export's own int8 graph),
-    every batch run by each engine in turn, the yardstick (of the full-size shape's FLOPs) before and after."""
+    every batch run by each engine in turn, the yardstick (its ceilings of the model's FLOPs) before and after."""
     runs = {"fp32": (export, "fp32")}
     for name in schemes:
         runs[name] = (export if name == "export" else build(name, export, model)[0], "int8")
     batches = bulk_batches(made_up_sentences(sentences, seed=1))
     tokens = rounds * sum(len(s) for batch in batches for s in batch)
-    opt = load_options(FULL_OPTIONS)
+    opt = model.options
     yardstick = Yardstick(threads)
     print("\n".join(yardstick.lines(opt)), flush=True)
     print(f"{sentences} made-up sentences x {rounds} rounds, {tokens} tokens (distinct within a round), "
