@@ -1,6 +1,7 @@
 """int8 on the CPU: the ways of quantizing the Loop graph, each measured against fp32 in one process.
 
     .venv/bin/python -m bench.int8 [--model full|default] [--schemes row7-s8,row8-u8,...] [--seconds 5] [--threads 2]
+    .venv/bin/python -m bench.int8 --profile [--model full|default] [--schemes export,row7-s8-both] [--sentences 120]
 
 Builds each candidate int8 graph of the model (the full-size architecture with random weights, or the embedded
 default model) beside its fp32 export under build/bench/int8/, then prints per candidate: build seconds, file size,
@@ -14,9 +15,21 @@ end of the run, the CPU's flags beside).
 
 Candidates: the project's graph writer (model_export/onnx_graph.py: `Int8`), by activations (row7: per row, 7
 bits; row8: per row, 8 bits; tensor: per batch, DynamicQuantizeMatMul) and weights (s8 symmetric, u8 asymmetric,
-per output column), `-cnn32` keeping the char-CNN's highways and projection in fp32; and ONNX Runtime's quantizer
+per output column; s7 symmetric in 7 bits, for 8-bit activations on AVX2), `-cnn32` keeping the char-CNN's highways
+and projection in fp32, `-bounded` the cell output quantized at its bound, `-conv8` the char convolutions in
+integers, `-both` the two (`Int8`'s candidates around the products); and ONNX Runtime's quantizer
 (onnxruntime.quantization.quantize_dynamic on model.onnx, EnableSubgraph for the Loop bodies: `ort-...`), per
 channel or per tensor (`-pt`), reduced range (`-rr`), uint8 weights (`-u8`), the char-CNN's Conv too (`-conv`).
+
+With `--profile`, the time around the products instead. On a CPU whose integer products are fast (VNNI, AMX) an
+int8 token's time is decided by what is not an integer product: the char CNN, the cell's pointwise nodes,
+quantizing activations, the Loop's own work. This measures that part on any host: each engine (token cache off)
+embeds the same length-sorted batches of made-up sentences (every token distinct, so each costs its full char CNN)
+under ONNX Runtime's profiler, every batch by each engine in turn, and each node type's time is divided by the
+tokens embedded. "products" are the int8 graph's integer products (`INTEGER_PRODUCTS`) and the fp32 graph's float
+ones (`FLOAT_PRODUCTS`); the rest is the "other" figure, also by part of the model. Profiled: fp32 and the
+`--schemes` (default: the export's own int8 graph, `export`, and two candidates). The yardstick and the CPU's
+flags are printed beside, from the same run.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ import numpy as np
 import onnx
 
 from bench.common import BUILD, ROOT, fixture_sentences, full_size_model, in_turn
-from bench.yardstick import Yardstick
+from bench.yardstick import Yardstick, bulk_batches, made_up_sentences, node_times, profiled_engine
 from model_export.export import CHECK_SENTENCES, INT8
 from model_export.onnx_graph import Int8, build_onnx_model
 from model_export.weights import load_bilm
@@ -48,6 +61,13 @@ SCHEMES = {
     "tensor-u8": Int8("tensor", "u8"),
     "row7-s8-cnn32": Int8("row7", "s8", token_encoder=False),
     "row8-u8-cnn32": Int8("row8", "u8", token_encoder=False),
+    # around the products (docs/performance.md, "The time around the products"); row8 x s8 is exact only with VNNI
+    "row7-s8-bounded": Int8("row7", "s8", bounded=True),
+    "row7-s8-conv8": Int8("row7", "s8", convolutions=True),
+    "row7-s8-both": Int8("row7", "s8", bounded=True, convolutions=True),
+    "row8-s7": Int8("row8", "s7"),
+    "row8-s7-bounded": Int8("row8", "s7", bounded=True),
+    "row8-s8-bounded": Int8("row8", "s8", bounded=True),
 }
 # ONNX Runtime's dynamic quantizer: (per channel, reduced range, uint8 weights, ops)
 QUANTIZER = {
@@ -58,6 +78,7 @@ QUANTIZER = {
     "ort-conv": (True, False, False, ["MatMul", "Conv"]),
 }
 DEFAULT = ",".join([*SCHEMES, "ort", "ort-rr", "ort-u8"])
+PROFILED = ["export", "row7-s8-both", "row8-s8-bounded"]  # --profile's: the export's own int8 graph, candidates
 BULK_TOKENS = 4096
 
 
@@ -126,6 +147,75 @@ def cut(sentences: list[list[str]], kind: str) -> list[list[list[str]]]:
     return [*batches, batch]
 
 
+INTEGER_PRODUCTS = ("MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulInteger", "QLinearMatMul", "ConvInteger")
+FLOAT_PRODUCTS = ("MatMul", "FusedMatMul", "Gemm", "FusedGemm", "Conv", "FusedConv")
+
+
+def part(name: str) -> str:
+    """Where in the model a node is, from its name's scope (model_export/onnx_graph.py names them)."""
+    scope = name.split("/", 1)[0] if "/" in name else ""
+    if scope.startswith(("char_cnn", "highway", "projection")):
+        return "token encoder"
+    if scope.startswith("lstm"):
+        return "LSTM step (in the Loop)" if "/step/" in name else "LSTM, outside the Loop"
+    return "rest of the graph"
+
+
+def is_product(precision: str, op: str) -> bool:
+    return op in (INTEGER_PRODUCTS if precision == "int8" else FLOAT_PRODUCTS)
+
+
+def per_token(nodes: dict[str, tuple[str, float]], tokens: int, key) -> dict[str, float]:
+    """Microseconds of node time a token, summed by `key(name, op)`, largest first."""
+    out: dict[str, float] = {}
+    for name, (op, seconds) in nodes.items():
+        k = key(name, op)
+        out[k] = out.get(k, 0.0) + seconds * 1e6 / tokens
+    return dict(sorted(out.items(), key=lambda item: -item[1]))
+
+
+def report(label: str, precision: str, nodes: dict[str, tuple[str, float]], tokens: int) -> list[str]:
+    kind = per_token(nodes, tokens, lambda name, op: "products" if is_product(precision, op) else "other")
+    products, other = kind.get("products", 0.0), kind.get("other", 0.0)
+    lines = [
+        f"{label} {precision}: {products + other:.1f} us of node time a token: products {products:.1f}, "
+        f"other {other:.1f} ({other / (products + other):.0%})"
+    ]
+    by_op = per_token(nodes, tokens, lambda name, op: f"{op}{'' if is_product(precision, op) else ' *'}")
+    lines.append("  by type (* other): " + ", ".join(f"{op} {us:.1f}" for op, us in by_op.items() if us >= 0.05))
+    by_part = per_token(
+        {n: v for n, v in nodes.items() if not is_product(precision, v[0])}, tokens, lambda name, op: part(name)
+    )
+    lines.append("  other, by part: " + ", ".join(f"{p} {us:.1f}" for p, us in by_part.items()))
+    return lines
+
+
+def profile_main(export: Path, model, schemes: list[str], sentences: int, threads: int, rounds: int) -> None:
+    """The profile of `export`'s fp32 graph and of each int8 candidate (`export`: the export's own int8 graph),
+    every batch run by each engine in turn, the yardstick (its ceilings of the model's FLOPs) before and after."""
+    runs = {"fp32": (export, "fp32")}
+    for name in schemes:
+        runs[name] = (export if name == "export" else build(name, export, model)[0], "int8")
+    batches = bulk_batches(made_up_sentences(sentences, seed=1))
+    tokens = rounds * sum(len(s) for batch in batches for s in batch)
+    opt = model.options
+    yardstick = Yardstick(threads)
+    print("\n".join(yardstick.lines(opt)), flush=True)
+    print(f"{sentences} made-up sentences x {rounds} rounds, {tokens} tokens (distinct within a round), "
+          f"{len(batches)} batches a round, {threads} threads, every batch run by each engine in turn")  # fmt: skip
+    engines = {name: profiled_engine(folder, precision, threads) for name, (folder, precision) in runs.items()}
+    for engine in engines.values():
+        engine.run(batches[0])  # the warm-up call, left out
+    for _ in range(rounds):
+        for batch in batches:
+            for engine in engines.values():
+                engine.run(batch)
+    for name, engine in engines.items():
+        print("\n".join(report(name, runs[name][1], node_times(engine), tokens)), flush=True)
+    yardstick.finish()
+    print("\n".join(yardstick.lines(opt)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="full", choices=["full", "default"])
@@ -133,6 +223,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per engine and figure")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batches", default="1,32,bulk")
+    parser.add_argument("--profile", action="store_true", help="the node time a token around the products")
+    parser.add_argument("--sentences", type=int, default=120, help="--profile: made-up sentences profiled")
+    parser.add_argument("--rounds", type=int, default=2, help="--profile: passes over the sentences")
     args = parser.parse_args()
 
     if args.model == "full":
@@ -146,6 +239,9 @@ def main() -> None:
         if not (export / "model_int8.onnx").exists():
             export_published(options, weights, export)
     model = load_bilm(options, weights)
+    if args.profile:
+        schemes = PROFILED if args.schemes == DEFAULT else args.schemes.split(",")
+        return profile_main(export, model, schemes, args.sentences, args.threads, args.rounds)
     opt = model.options
     yardstick = Yardstick(args.threads)
     print("\n".join(yardstick.lines(opt)), flush=True)

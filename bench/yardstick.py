@@ -217,12 +217,9 @@ def bulk_batches(sentences: list[list[str]], tokens: int = 4096) -> list[list[li
     return [*batches, batch]
 
 
-def profile(model: Path, precision: str, threads: int, batches: list) -> dict[str, float]:
-    """Seconds of each node type while an engine of `model` in `precision` embeds the batches (after a warm-up
-    call on the first, left out), from ONNX Runtime's profiler, largest first. The Loop bodies' nodes count as
-    theirs, and `Loop` is the Loop's own time beyond its body's nodes (its scheduling of the steps)."""
-    import json
-
+def profiled_engine(model: Path, precision: str, threads: int, **engine):
+    """An engine of `model` in `precision` (token cache off) under ONNX Runtime's profiler; `engine`: more of
+    Engine's keyword arguments."""
     import service.engine.session as session_module
 
     original = session_module.session_options
@@ -236,28 +233,47 @@ def profile(model: Path, precision: str, threads: int, batches: list) -> dict[st
     BUILD_PROFILES.mkdir(parents=True, exist_ok=True)
     session_module.session_options = profiled
     try:
-        engine = session_module.Engine(model, "cpu", threads, 1, token_cache=0, precision=precision)
+        return session_module.Engine(model, "cpu", threads, 1, **{"token_cache": 0, **engine}, precision=precision)
     finally:
         session_module.session_options = original
-    for batch in [batches[0], *batches]:
-        engine.run(batch)
+
+
+def node_times(engine) -> dict[str, tuple[str, float]]:
+    """Each node's name -> (its type, its seconds) in a `profiled_engine`'s calls but its first (a warm-up), from
+    ONNX Runtime's profiler, which this ends. The Loop bodies' nodes count as theirs (named `.../step/...`), and a
+    `Loop` node's seconds are its own beyond its body's nodes (its scheduling of the steps)."""
+    import json
+
     path = Path(engine.session.end_profiling())
     events = json.loads(path.read_text())
     path.unlink()
     warm_until = min(e["ts"] + e["dur"] for e in events if e.get("name") == "model_run")
-    by_type: dict[str, float] = {}
+    nodes: dict[str, tuple[str, float]] = {}
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= warm_until:
-            op = event["args"]["op_name"]
-            by_type[op] = by_type.get(op, 0.0) + event["dur"] / 1e6
-    if "Loop" in by_type:  # a Loop's kernel time includes its body's nodes, profiled too
-        inside = sum(
-            e["dur"] / 1e6
-            for e in events
-            if e.get("cat") == "Node" and "/step/" in e["name"] and e["name"].endswith("_kernel_time")
-            and e["ts"] >= warm_until
-        )  # fmt: skip
-        by_type["Loop"] -= inside
+            name, op = event["name"].removesuffix("_kernel_time"), event["args"]["op_name"]
+            nodes[name] = (op, nodes.get(name, (op, 0.0))[1] + event["dur"] / 1e6)
+    for name, (op, seconds) in list(nodes.items()):
+        if op == "Loop":  # a Loop's kernel time includes its body's nodes, profiled too
+            scope = name.rsplit("/", 1)[0] + "/step/"
+            inside = sum(s for n, (_, s) in nodes.items() if n.startswith(scope))
+            nodes[name] = (op, seconds - inside)
+    return nodes
+
+
+def profile_nodes(model: Path, precision: str, threads: int, batches: list) -> dict[str, tuple[str, float]]:
+    """`node_times` while an engine of `model` in `precision` embeds the batches (after a warm-up call)."""
+    engine = profiled_engine(model, precision, threads)
+    for batch in [batches[0], *batches]:
+        engine.run(batch)
+    return node_times(engine)
+
+
+def profile(model: Path, precision: str, threads: int, batches: list) -> dict[str, float]:
+    """Seconds of each node type (`profile_nodes`), largest first."""
+    by_type: dict[str, float] = {}
+    for op, seconds in profile_nodes(model, precision, threads, batches).values():
+        by_type[op] = by_type.get(op, 0.0) + seconds
     return dict(sorted(by_type.items(), key=lambda item: -item[1]))
 
 

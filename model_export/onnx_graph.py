@@ -102,28 +102,51 @@ class Int8:
     "row8" in 8 bits centred on 128) or per tensor ("tensor": ONNX Runtime's DynamicQuantizeMatMul, one scale for
     the whole batch). Per row, a sentence's numbers never depend on what it is batched with. 7 bits: a u8 x s8
     product pair then fits int16, which AVX2's VPMADDUBSW saturates at (full 8-bit activations times s8 weights
-    overflow it on CPUs without VNNI). `token_encoder`: the highways' and the projection's products in int8 too
-    (the convolutions stay fp32). README, "int8", measured the choices."""
+    overflow it on CPUs without VNNI). `token_encoder`: the highways' and the projection's products in int8 too.
+    README, "int8", measured the choices.
+
+    Candidates bench.int8 measures (docs/performance.md, "The time around the products"), off by default: they cut
+    the node time around the integer products, which decides a token's time on VNNI and AMX hosts, but cost
+    accuracy on some models. `weights` "s7": symmetric in 7 bits, so that 8-bit activations ("row8") keep a pair of
+    products within int16 on AVX2. `bounded` (per row only): the LSTM's projection, whose input the cell bounds
+    (o * tanh(c) is within 1), quantizes it with one constant scale, 1 / 63 (or 127), instead of each row's: no
+    passes to find the rows' peaks, and the product comes out scaled (batch-independent too). `convolutions`
+    (with `token_encoder`): the char convolutions in integers, the char table quantized once, per embedding
+    dimension, its scales and lows folded into the filters and biases."""
 
     activations: str = "row7"
     weights: str = "s8"
     token_encoder: bool = True
+    bounded: bool = False
+    convolutions: bool = False
 
     def __post_init__(self):
-        if self.activations not in ("row7", "row8", "tensor") or self.weights not in ("s8", "u8"):
+        if self.activations not in ("row7", "row8", "tensor") or self.weights not in ("s8", "s7", "u8"):
             raise ValueError(f"no such int8 scheme: {self}")
 
     def to_dict(self) -> dict:
-        return {"activations": self.activations, "weights": self.weights, "token_encoder": self.token_encoder}
+        plain = {"activations": self.activations, "weights": self.weights, "token_encoder": self.token_encoder}
+        return plain | {name: True for name in ("bounded", "convolutions") if getattr(self, name)}
+
+    @property
+    def levels(self) -> tuple[int, int]:
+        """A row's quantized values: (top, centre), x ~ (q - centre) * peak / top."""
+        return (63, 64) if self.activations == "row7" else (127, 128)
+
+    @property
+    def bounded_cell(self) -> bool:
+        """The projection's input, the cell output, quantized with its bound's constant scale (`bounded`)."""
+        return self.bounded and self.activations != "tensor"
 
 
-def quantize_columns(w: np.ndarray, weights: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """w (K, N) -> its int8 (or uint8) values, and each column's scale and zero point (N,): w ~ (q - zp) * scale."""
+def quantize_columns(w: np.ndarray, weights: str, top: int = 127) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """w (K, N) -> its int8 (or uint8) values, and each column's scale and zero point (N,): w ~ (q - zp) * scale.
+    `top`: the largest magnitude of an s8 value (63: 7 bits)."""
     w = w.astype(np.float64)
     if weights == "s8":
-        scale = np.abs(w).max(axis=0) / 127
+        scale = np.abs(w).max(axis=0) / top
         scale[scale == 0] = 1.0
-        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        q = np.clip(np.rint(w / scale), -top, top).astype(np.int8)
         return q, scale.astype(np.float32), np.zeros(w.shape[1], np.int8)
     low, high = np.minimum(w.min(axis=0), 0), np.maximum(w.max(axis=0), 0)
     scale = (high - low) / 255
@@ -153,7 +176,8 @@ class _Precision:
         """The right-hand matrix (K, N) of products: a `weight`, or in int8 its values, scales and zero points."""
         if not self.int8:
             return self.weight(value, hint)
-        q, scale, zero = quantize_columns(value, self.int8.weights)
+        weights = "s8" if self.int8.weights == "s7" else self.int8.weights
+        q, scale, zero = quantize_columns(value, weights, top=63 if self.int8.weights == "s7" else 127)
         return (
             self.g.const(q, hint, q.dtype),
             self.g.const(scale, f"{hint}_scale"),
@@ -174,7 +198,7 @@ class _Precision:
         g, (values, scale, zero) = self.g, w
         if self.int8.activations == "tensor":
             return g.op("DynamicQuantizeMatMul", x, values, scale, zero, *([bias] if bias else []), domain=MS_DOMAIN)
-        top, centre = (63, 64) if self.int8.activations == "row7" else (127, 128)
+        top, centre = self.int8.levels
         # each row's own scale, so that a row's numbers do not depend on the other rows
         peak = g.op("Max", g.op("ReduceMax", g.op("Abs", x), axes=[1], keepdims=1), g.const(1e-30, "tiny"))
         row_scale = g.op("Div", peak, g.const(float(top), "top"))  # (M, 1)
@@ -189,6 +213,16 @@ class _Precision:
             return product, row_scale
         y = g.op("Mul", product, row_scale)
         return g.op("Add", y, bias) if bias else y
+
+    def matmul_bounded(self, x: str, w, bound: float, bias: str | None = None) -> str:
+        """x @ w (+ bias) in int8 for x within [-bound, bound] (`Int8.bounded`): one constant scale, the product
+        scaled (and biased) in its own kernel. A value past the bound would saturate."""
+        g, (values, scale, zero) = self.g, w
+        top, centre = self.int8.levels
+        a_scale, a_zero = g.const(bound / top, "bound_scale"), g.const(centre, "centre", np.uint8)
+        quantized = g.op("QuantizeLinear", x, a_scale, a_zero)
+        return g.op("MatMulIntegerToFloat", quantized, values, a_scale, scale, a_zero, zero, *([bias] if bias else []),
+                    domain=MS_DOMAIN)  # fmt: skip
 
     def linear(self, x: str, w: np.ndarray, b: np.ndarray, hint: str, quantize: bool = True) -> str:
         """x @ w.T + b for w (out, in), as torch.nn.Linear: one Gemm, or in int8 (where `quantize`) a `matmul`."""
@@ -217,12 +251,16 @@ def _token_encoder(p: _Precision, model: BiLM, token_chars: str, windows_as_prod
             axis1 = g.const([1], "axis1", i64)
             words = g.op("Squeeze", g.op("Slice", token_chars, columns[0], columns[1], axis1), axis1)  # (U,)
             token_chars = g.op("Slice", token_chars, g.const([0], "zero", i64), columns[0], axis1)  # (U, max_chars)
-        table = p.weight(_np(enc.char_embed.weight), "char_embed")
         pooled = []
         if windows_as_products:
+            if quantize and p.int8.convolutions and p.int8.activations != "tensor":
+                table = _quantized_table(p, _np(enc.char_embed.weight))
+            else:
+                table = p.weight(_np(enc.char_embed.weight), "char_embed")
             for conv in enc.convs:
                 pooled.append(g.op(activation, _convolution_as_product(p, table, token_chars, conv, opt.max_chars)))
         else:
+            table = p.weight(_np(enc.char_embed.weight), "char_embed")
             x = g.op("Transpose", g.op("Gather", table, token_chars), perm=[0, 2, 1])  # (U, char_dim, max_chars)
             for conv in enc.convs:
                 y = g.op("Conv", x, p.weight(_np(conv.weight), "w_cnn"), p.weight(_np(conv.bias), "b_cnn"))
@@ -254,11 +292,33 @@ def _convolution_as_product(p: _Precision, table: str, token_chars: str, conv, m
     n, char_dim, width = conv.weight.shape  # Conv1d's (out, in, kernel)
     starts = np.arange(max_chars - width + 1)[:, None] + np.arange(width)[None, :]  # (L, w)
     windows = g.op("Gather", token_chars, g.const(starts, "windows", np.int64), axis=1)  # (U, L, w) char ids
-    chars = g.op("Gather", table, windows)  # (U, L, w, char_dim)
-    flat = g.op("Reshape", chars, g.const([0, 0, width * char_dim], "windows_flat", np.int64))
     filters = _np(conv.weight).transpose(2, 1, 0).reshape(width * char_dim, n)  # [k * char_dim + d, f]
-    y = p.up(g.op("MatMul", p.down(flat), p.weight(filters, "w_cnn")))  # (U, L, n)
+    if isinstance(table, tuple):  # int8: the table's values, and its scale per embedding dimension (char_dim,)
+        q_table, dim_scale = table
+        chars = g.op("Gather", q_table, windows)
+        flat = g.op("Reshape", chars, g.const([0, 0, width * char_dim], "windows_flat", np.int64))
+        # the table's scales folded into the filters, x[k] * s[k] * w[k, f] = x[k] * (s[k] * w[k, f]), in 7 bits:
+        # with the table's 8, a pair of products still fits the int16 of AVX2's VPMADDUBSW (`Int8`)
+        q, scale, zero = quantize_columns(filters * np.tile(dim_scale, width)[:, None], "s8", top=63)
+        one, centre = g.const(1.0, "one"), g.const(128, "centre", np.uint8)
+        y = g.op("MatMulIntegerToFloat", flat, g.const(q, "w_cnn", np.int8), one, g.const(scale, "w_cnn_scale"),
+                 centre, g.const(zero, "w_cnn_zero", np.int8), domain=MS_DOMAIN)  # fmt: skip
+    else:
+        chars = g.op("Gather", table, windows)  # (U, L, w, char_dim)
+        flat = g.op("Reshape", chars, g.const([0, 0, width * char_dim], "windows_flat", np.int64))
+        y = p.up(g.op("MatMul", p.down(flat), p.weight(filters, "w_cnn")))  # (U, L, n)
     return g.op("Add", g.op("ReduceMax", y, axes=[1], keepdims=0), p.weight(_np(conv.bias), "b_cnn"))
+
+
+def _quantized_table(p: _Precision, table: np.ndarray) -> tuple[str, np.ndarray]:
+    """The char table (chars, char_dim) in 8 bits once for all (`Int8.convolutions`): each embedding dimension's
+    values over its own constant scale (a property of the weights, not of the batch), centred on 128. Returns the
+    quantized table's name and its scale per dimension, which the convolutions fold into their filters. (From each
+    dimension's low to its high in 7 bits, its low folded into the bias, measured 1.1-1.6x the error.)"""
+    scale = np.abs(table).max(axis=0).astype(np.float64) / 127
+    scale[scale == 0] = 1.0
+    q = (np.clip(np.rint(table / scale), -127, 127) + 128).astype(np.uint8)
+    return p.g.const(q, "char_embed_q", np.uint8), scale
 
 
 def _int64_zero() -> onnx.TensorProto:
@@ -448,7 +508,8 @@ def _cell_step(p: _Precision, opt, weights: tuple[str, str], gates_x: str, h: st
     c = g.op("Add", g.op("Mul", g.op("Sigmoid", f), c), g.op("Mul", g.op("Sigmoid", i), g.op("Tanh", j)))
     if opt.cell_clip:
         c = g.op("Clip", c, g.const(-opt.cell_clip, "lo"), g.const(opt.cell_clip, "hi"))
-    h = p.matmul(g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c)), w_proj)
+    m = g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c))  # within (-1, 1)
+    h = p.matmul_bounded(m, w_proj, 1.0) if p.int8 and p.int8.bounded_cell else p.matmul(m, w_proj)
     if opt.proj_clip:
         h = g.op("Clip", h, g.const(-opt.proj_clip, "lo"), g.const(opt.proj_clip, "hi"))
     return h, c
