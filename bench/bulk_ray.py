@@ -8,7 +8,8 @@ distinct made-up words (no token repeats, so the token cache saves nothing), `el
 `elmo-embed --engine ray --actors 2 --threads 1` (a local Ray that the run starts and stops: its raylet, object
 store and two actors on the same 2 cores), --repeat rounds in turn. Each tool's whole-process wall time on the file
 and on 8 lines of it: tokens/s whole, and steady (tokens / (wall - wall on 8 lines): start-up, Ray's included,
-subtracted), the Ray/local ratios, and whether the two outputs are the same bits.
+subtracted), the Ray/local ratios, and whether the two outputs are the same bits. A Ray run's actors are not the
+driver's children, so other processes' load is checked before it starts, not during it (bench/bulk.py alternate).
 
 Memory: the tiny fixture model on --memory-lines lines (and a quarter of them) of short distinct sentences, Ray with
 --actors actors: the driver's peak resident memory (the elmo-embed process) and a worker's (what its actors report),
@@ -69,7 +70,7 @@ def main(args, elmo_embed: list[str], alternate) -> None:
             commands[f"{name} {size}"] = [*elmo_embed, "--model", str(model), "--no-progress", *extra, str(source),
                                           str(out)]  # fmt: skip
     print(f"throughput: full-size shape, {len(sentences)} made-up sentences ({tokens} tokens), {args.repeat} rounds")
-    runs, _ = alternate(commands, args.repeat, args.busy_cores)
+    runs, _ = alternate(commands, args.repeat, args.busy_cores, outside=frozenset({"ray file", "ray start-up"}))
     best = {name: min(wall for wall, _ in walls) for name, walls in runs.items()}
     rates = {}
     for name in ("local", "ray"):
@@ -94,7 +95,7 @@ def _memory(args, folder: Path, elmo_embed: list[str], alternate) -> None:
             out = folder / f"memory-{lines}.{fmt}"
             command = [*elmo_embed, "--model", str(model), "--no-progress", "--engine", "ray", "--actors",
                        str(args.actors), "--threads", "1", "--format", fmt, str(source), str(out)]  # fmt: skip
-            runs, outputs = alternate({"ray": command}, 1, args.busy_cores)
+            runs, outputs = alternate({"ray": command}, 1, args.busy_cores, outside=frozenset({"ray"}))
             (wall, _), text = runs["ray"][0], outputs["ray"][0]
             driver, worker = re.search(r"driver (\d+) MB, a worker (\d+) MB", text).groups()
             print(f"  {lines:>7} lines, {fmt:7}: peak resident memory: driver {driver:>5} MB, a worker {worker:>5} MB; "
