@@ -21,10 +21,15 @@ from service.bulk import read_embeddings
 from service.settings import DEFAULT_MODEL_DIR
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a shell's background job (CI's) passes SIGINT on ignored
+
+
 def elmo_embed(model, *args, wait=True):
     cmd = [sys.executable, "-m", "service.cli", "--no-progress", "--model", str(model), *map(str, args)]
     if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=default_sigint)  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
 
 
