@@ -63,6 +63,7 @@ class Span:
     end: int | None = None
     first_line: int = 0
     lines: int | None = None  # how many, where `split` counted them
+    line_number: int = 1  # its first line's number in its file (from 1), for the messages naming a bad line
 
     @property
     def size(self) -> int:
@@ -109,7 +110,7 @@ def split(paths: Sequence[str], lines: int) -> list[Span]:
         for i, start in enumerate(starts):
             end = starts[i + 1] if i + 1 < len(starts) else position
             n = min(lines, count - i * lines)
-            spans.append(Span(path, start, end, first_line + i * lines, n))
+            spans.append(Span(path, start, end, first_line + i * lines, n, i * lines + 1))
         first_line += count
     return spans
 
@@ -143,7 +144,6 @@ def _span_sentences(span: Span, shard: Shard, on_bad: BadLine | None) -> Iterato
     path = Path(span.path)
     jsonl = path.suffix == ".jsonl"
     skipped = 0
-    number_base = None  # the span's first line's number in its file, known only where the span starts at 0
     with open(path, "rb") as f:
         f.seek(span.start)
         position = span.start
@@ -155,31 +155,17 @@ def _span_sentences(span: Span, shard: Shard, on_bad: BadLine | None) -> Iterato
             if line_index not in shard:
                 skipped += len(raw)
                 continue
-            number_base = number_base if number_base is not None else _line_number(span)
-            where = f"{path}:{number_base + offset}"
+            where = f"{path}:{span.line_number + offset}"
             try:
                 tokens, text = _parse(raw, jsonl, where)
             except InputError as err:
                 if on_bad is None:
                     raise
-                on_bad(str(path), number_base + offset, line_index, str(err).removeprefix(f"{where}: "))
+                on_bad(str(path), span.line_number + offset, line_index, str(err).removeprefix(f"{where}: "))
                 skipped += len(raw)
                 continue
             yield line_index, tokens, text, skipped + len(raw)
             skipped = 0
-
-
-def _line_number(span: Span) -> int:
-    """The number (from 1) in its file of the span's first line."""
-    if span.start == 0:
-        return 1
-    with open(span.path, "rb") as f:
-        before, count = span.start, 0
-        while before > 0:
-            block = f.read(min(SCAN_BYTES, before))
-            count += block.count(b"\n")
-            before -= len(block)
-    return count + 1
 
 
 def _parse(raw: bytes, jsonl: bool, where: str) -> tuple[list[str], str]:
