@@ -53,18 +53,7 @@ def _embed_parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="a line that cannot be embedded (empty, not UTF-8, not a JSON list) is skipped and listed "
                         "in OUTPUT.bad-lines.jsonl, instead of stopping the run")  # fmt: skip
-    cluster = parser.add_argument_group("on a Ray cluster (pip install 'elmo-service[ray]')")
-    cluster.add_argument("--engine", default="local", choices=["local", "ray"],
-                         help="local: this process (default); ray: a pool of Ray actors, an engine each")  # fmt: skip
-    cluster.add_argument("--address", help="the Ray cluster: auto (the one this machine is part of) or HOST:PORT; "
-                         "default: a local Ray, started and stopped by this run")  # fmt: skip
-    cluster.add_argument("--actors", type=int, help="engines (Ray actors); default: as many as the cluster's CPUs "
-                         "(or GPUs) allow")  # fmt: skip
-    cluster.add_argument("--gpus-per-actor", type=float, default=0, help="GPUs each actor takes (default 0: the CPU)")
-    cluster.add_argument("--resume", action="store_true", help="continue a run that was stopped: only the parts not "
-                         "written whole are embedded again")  # fmt: skip
-    cluster.add_argument("--part-lines", type=int, default=PART_LINES, help=f"lines a part at most (default "
-                         f"{PART_LINES}): the unit of retry and of --resume")  # fmt: skip
+    _cluster_flags(parser)
     parser.add_argument(
         "--batch-tokens",
         type=int,
@@ -126,6 +115,22 @@ def _embed_parser() -> argparse.ArgumentParser:
     allennlp.add_argument("--file-friendly-logging", action="store_true", help="as --no-progress")
     allennlp.add_argument("--vocab-path", help="accepted and ignored, as allennlp 0.9 does")
     return parser
+
+
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """--engine ray's flags, and --resume and --part-lines of a run of parts (service/bulk/parts.py)."""
+    cluster = parser.add_argument_group("on a Ray cluster (pip install 'elmo-service[ray]')")
+    cluster.add_argument("--engine", default="local", choices=["local", "ray"],
+                         help="local: this process (default); ray: a pool of Ray actors, an engine each")  # fmt: skip
+    cluster.add_argument("--address", help="the Ray cluster: auto (the one this machine is part of) or HOST:PORT; "
+                         "default: a local Ray, started and stopped by this run")  # fmt: skip
+    cluster.add_argument("--actors", type=int, help="engines (Ray actors); default: as many as the cluster's CPUs "
+                         "(or GPUs) allow")  # fmt: skip
+    cluster.add_argument("--gpus-per-actor", type=float, default=0, help="GPUs each actor takes (default 0: the CPU)")
+    cluster.add_argument("--resume", action="store_true", help="continue a run that was stopped: only the parts not "
+                         "written whole are embedded again")  # fmt: skip
+    cluster.add_argument("--part-lines", type=int, default=PART_LINES, help=f"lines a part at most (default "
+                         f"{PART_LINES}): the unit of retry and of --resume")  # fmt: skip
 
 
 # allennlp batches --batch-size sentences whatever their length; the engine's batches are a budget of padded
