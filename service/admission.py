@@ -19,7 +19,8 @@ Each refusal is a ServiceError (service/errors.py) whose message names the field
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from service.batching.batcher import LargerThanQueue
 from service.errors import InvalidRequest, Overloaded, TooLarge
@@ -160,7 +161,9 @@ class KeyedBudget:
       as it arrives, given back once the request is answered, refused or abandoned (service/api/middleware.py's
       BodyLimit), so that one client cannot take the whole budget with a few stalled uploads;
     - the answers being made or sent (`what="answers being made or sent"`, `whose="to your address"`): an answer's
-      estimated size before the engine runs, given back once it is sent or its client has gone (AnswerRelease).
+      estimated size before the engine runs (service/embedder.py), given back once it is sent or its client has
+      gone: the request holds it from AnswerRelease's `holding` block (service/api/middleware.py), around the
+      routes and the sending, which is its lifetime.
       Without it, clients that ask for large answers and never read them held memory for as long as they stayed
       (the write timeout closes them; this bounds what they hold meanwhile); without the bound per address, one
       address's flood of large answers held the whole budget, and other addresses' small requests got 503.
@@ -191,6 +194,30 @@ class KeyedBudget:
             self.by_key[key] = left
         else:
             del self.by_key[key]
+
+    @contextmanager
+    def holding(self, key: str) -> Iterator[Hold]:
+        """What `key` takes through the Hold in the block, all given back when the block ends, however it ends."""
+        hold = Hold(self, key)
+        try:
+            yield hold
+        finally:
+            self.give_back(key, hold.size)
+            hold.size = 0
+
+
+class Hold:
+    """What one request holds of a KeyedBudget (`KeyedBudget.holding`): taken as it goes, given back at once."""
+
+    __slots__ = ("budget", "key", "size")
+
+    def __init__(self, budget: KeyedBudget, key: str):
+        self.budget, self.key, self.size = budget, key, 0
+
+    def take(self, size: int) -> None:
+        """Hold `size` more bytes, or Overloaded (nothing taken)."""
+        self.budget.take(self.key, size)
+        self.size += size
 
 
 def body_budget(settings: Settings, metrics: Metrics | None = None) -> KeyedBudget:

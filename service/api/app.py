@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 
-from service import __version__
-from service.admission import Admission, answer_budget, body_budget
+from service import __version__, spans
+from service.admission import answer_budget, body_budget
 from service.api import embed, errors, health, openai, tracing
 from service.api.dependencies import Runtime
 from service.api.explore import ExplorePage
@@ -29,6 +29,7 @@ from service.api.middleware import (
 )
 from service.api.request_id import RequestId
 from service.api.static import StaticAnswers
+from service.embedder import Embedder
 from service.metrics import Metrics
 from service.models import StartupFailed, load_models
 from service.settings import Settings
@@ -56,20 +57,20 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         telemetry=tracing.telemetry(tracer_provider, refused=keys.refuses),
     )
     app.state.tracer_provider = tracer_provider
-    app.state.tracer = tracing.tracer(tracer_provider)  # the request's own steps, as its server span's children
+    app.state.tracer = spans.tracer(tracer_provider)  # the request's own steps, as its server span's children
+    # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
+    # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
+    tokenizer = TokenizeTurns(
+        settings.tokenize_threads,
+        settings.max_tokenize_chars_per_client or settings.max_body_bytes,
+        tokenize,
+        metrics.observe_stage,
+    )
     app.state.runtime = Runtime(
         settings,
         metrics,
-        Admission(settings),
+        Embedder(settings, metrics, tokenizer, app.state.tracer, ready=lambda: app.state.ready),
         answer_budget(settings, metrics),
-        # Tokenizing and large answers each on threads of their own: neither waits behind the other, nor behind
-        # anything else using asyncio's default pool (six abandoned texts once held every worker for 80 s).
-        TokenizeTurns(
-            settings.tokenize_threads,
-            settings.max_tokenize_chars_per_client or settings.max_body_bytes,
-            tokenize,
-            metrics.observe_stage,
-        ),
         ThreadPoolExecutor(settings.encode_threads, thread_name_prefix="encode"),
         # Large bodies parsed off the loop: one at a time, so that what they build at once stays one body's worth.
         ThreadPoolExecutor(1, thread_name_prefix="parse"),
@@ -135,7 +136,7 @@ async def lifespan(app: FastAPI):
     yield
     app.state.ready = False
     await models.stop()  # after every request in flight was answered: nothing is queued any more
-    parts.tokenizer.shutdown()
+    parts.embedder.tokenizer.shutdown()
     parts.encode_pool.shutdown(wait=False, cancel_futures=True)
     parts.parse_pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from service.admission import Admission, KeyedBudget
+from service.admission import KeyedBudget
+from service.embedder import Embedder
 from service.errors import NotReady
 from service.metrics import Metrics
 from service.models import ModelRegistry, ServedModel
 from service.settings import Settings
-from service.tokenizing import TokenizeTurns
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,9 @@ class Runtime:
 
     settings: Settings
     metrics: Metrics
-    admission: Admission
+    embedder: Embedder  # the pipeline every embedding route runs (service/embedder.py), Moses's threads its own
     answers: KeyedBudget
-    # CPU pools of their own, so that neither waits behind the other nor behind asyncio's default pool
-    tokenizer: TokenizeTurns  # Moses, in turns by client address (service/tokenizing.py)
+    # a CPU pool of its own, so that it waits neither behind Moses nor behind asyncio's default pool
     encode_pool: ThreadPoolExecutor
     parse_pool: ThreadPoolExecutor  # large bodies read and validated (service/api/bodies.py)
 
@@ -45,9 +44,3 @@ def registry(request: Request) -> ModelRegistry:
 def model_named(request: Request, name: str | None) -> ServedModel:
     """The model a request names (None: the default), or UnknownModel naming those served."""
     return registry(request).get(name)
-
-
-def ready(request: Request) -> None:
-    """Every model is loaded and warm (and stays so while draining: a request that got in is still served)."""
-    if not request.app.state.ready:
-        raise NotReady("not ready (starting or stopped)")

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
 from fastapi import APIRouter, Request
 
-from service.api import tracing
-from service.api.answers import NPZ, Abandoned, Base64, json_response, respond, wants_npz
+from service.api.answers import NPZ, Abandoned, Base64, json_response, wants_npz
 from service.api.bodies import parsed_off_loop
 from service.api.dependencies import model_named, runtime
-from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
+from service.api.embedding import caller, embedder, encoded, observe_parse
 from service.api.errors import ERRORS
-from service.api.request_id import note
 from service.api.schemas import EmbedRequest, EmbedResponse, TokenizeRequest, TokenizeResponse
-from service.batching.batcher import Layers
+from service.embedder import Ask, Embedded, Job
 from service.errors import InvalidRequest
-from service.mix import compose
-from service.models import ServedModel
 
 router = APIRouter(responses=ERRORS, route_class=parsed_off_loop("sentences"))
 NPZ_ANSWER = {
@@ -37,46 +31,19 @@ async def embed(body: EmbedRequest, request: Request):
     if body.dtype == "float16" and encoding == "float":  # JSON numbers have no width to halve
         raise InvalidRequest('float16 only with "encoding": "base64" or an .npz answer (Accept: application/x-npz)',
                              "dtype")  # fmt: skip
-    output = requested_output(body, model.num_layers)
-    sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, model.language,
-                                      empty=body.boundaries)  # fmt: skip
-    pooled, smaller = body.pooling == "mean", "" if npz else '"encoding": "base64", '  # .npz: the smallest already
+    smaller = "" if npz else '"encoding": "base64", '  # .npz: the smallest already
     ways_out = f'"pooling": "mean", {smaller}fewer layers or mixes, or fewer sentences per request'
-    size = reserve_answer(request, model, sentences, output.count, pooled, encoding, "sentences", ways_out,
-                          body.boundaries)  # fmt: skip
-    results = await embedded(request, model, sentences, "sentences")
-    answer = partial(embed_answer, body, model, output, sentences, results, cuts, encoding)
-    numbers = (sum(map(len, sentences)) + 2 * body.boundaries * len(sentences)) * model.dim * output.reads
+    job = Job(model, body.sentences, "sentences", body.truncate, asked(body, model.num_layers), encoding, ways_out)
+    embedded = await embedder(request).embed(job, caller(request))
     # The same request answers JSON or .npz by its Accept header: caches must tell them apart.
-    headers = {"vary": "accept"}
-    observe = runtime(request).metrics.observe_stage
-    with tracing.span(request.app.state.tracer, "elmo.encode", model=model.name, encoding=encoding, bytes=size):
-        return await respond(answer, size, npz, observe, headers=headers, numbers=numbers, offload=offload(request))
+    return await encoded(request, partial(embed_answer, embedded), embedded, npz, headers={"vary": "accept"})
 
 
-@dataclass(frozen=True)
-class Output:
-    """What an /embed request asks of each sentence's layers: mixes (weights, gamma, normalize, layer_norm), or
-    layers (their ids; None: all)."""
-
-    mixes: list[tuple[list[float], float, str, bool]]
-    layer_ids: list[int] | None
-    num_layers: int
-
-    @property
-    def count(self) -> int:
-        """Vectors per token (or per sentence, pooled) in the answer."""
-        return len(self.mixes) or (self.num_layers if self.layer_ids is None else len(self.layer_ids))
-
-    @property
-    def reads(self) -> int:
-        """Layer vectors per token that composing reads: every layer per mix, or each layer asked for."""
-        return self.num_layers * len(self.mixes) or self.count
-
-
-def requested_output(body: EmbedRequest, num_layers: int) -> Output:
-    """The mixes or layers `body` asks for, checked against the model's layers (422 naming the field)."""
+def asked(body: EmbedRequest, num_layers: int) -> Ask:
+    """What `body` asks of each sentence: the mixes or layers, checked against the model's layers (422 naming the
+    field), pooled or not, and how."""
     mix_fields = {"weights", "gamma", "normalize", "layer_norm"} & body.model_fields_set
+    how = {"pooling": body.pooling, "unit_length": body.unit_length, "dtype": body.dtype, "boundaries": body.boundaries}
     if body.output == "layers":
         for name in sorted(mix_fields | ({"mixes"} & body.model_fields_set)):
             raise InvalidRequest('only with output "mix"', name)
@@ -84,7 +51,7 @@ def requested_output(body: EmbedRequest, num_layers: int) -> Output:
         for k, layer in enumerate(ids or []):
             if not -num_layers <= layer < num_layers:
                 raise InvalidRequest(f"layer {layer} out of range: the model has {num_layers} layers", f"layers[{k}]")
-        return Output([], None if ids is None else [layer % num_layers for layer in ids], num_layers)
+        return Ask(num_layers, "layers", [], None if ids is None else [layer % num_layers for layer in ids], **how)
     if body.layers is not None:
         raise InvalidRequest('only with output "layers"', "layers")
     if body.mixes is not None:
@@ -99,35 +66,23 @@ def requested_output(body: EmbedRequest, num_layers: int) -> Output:
         if len(weights) != num_layers:
             raise InvalidRequest(f"{len(weights)} weights; the model has {num_layers} layers", field)
         mixes.append((weights, spec.gamma, spec.normalize, spec.layer_norm))
-    return Output(mixes, None, num_layers)
+    return Ask(num_layers, "mix", mixes, None, single_mix=body.mixes is None, **how)
 
 
-def embed_answer(
-    body: EmbedRequest,
-    model: ServedModel,
-    output: Output,
-    sentences: list[list[str]],
-    results: list[Layers],
-    cuts: list[dict],
-    encoding: str,
-    stop: threading.Event | None = None,
-) -> dict:
+def embed_answer(embedded: Embedded, stop: threading.Event | None = None) -> dict:
     """The answer of /embed, composed sentence by sentence (Abandoned once `stop` is set: the client has gone).
     With `boundaries`, each sentence's tokens and layers begin and end with the model's boundary tokens."""
-    data = []
+    job, ask, sentences = embedded.job, embedded.job.ask, embedded.sentences
+    model, data = job.model, []
     begin, end = model.engine.mapping.boundaries
-    for i, (tokens, layers, cut) in enumerate(zip(sentences, results, cuts, strict=True)):
+    for i, (tokens, layers, cut) in enumerate(zip(sentences, embedded.layers, embedded.cuts, strict=True)):
         if stop is not None and stop.is_set():
             raise Abandoned
-        single_mix = body.mixes is None
-        if body.boundaries:
+        if ask.boundaries:
             tokens = [begin, *tokens, end]
-        out = compose(layers.result(boundaries=body.boundaries), body.output, output.layer_ids, output.mixes,
-                      body.pooling, single_mix, body.unit_length)  # fmt: skip
-        half = {}
-        if body.dtype == "float16":  # rounded once, after the mix and pooling: half the bytes
-            out, half = out.astype(np.float16), {"dtype": "float16"}
-        embedding = Base64(out) if encoding == "base64" else out
+        out = ask.vectors(layers)
+        half = {"dtype": "float16"} if ask.dtype == "float16" else {}
+        embedding = Base64(out) if job.encoding == "base64" else out
         data.append({"index": i, "tokens": tokens, "embedding": embedding, "shape": list(out.shape), **half, **cut})
     return {
         "model": model.name,
@@ -145,8 +100,8 @@ def embed_answer(
 )
 async def tokenize_sentences(body: TokenizeRequest, request: Request):
     model = model_named(request, body.model)
-    note(model=model.name)
-    sentences, cuts = await tokenized(request, body.sentences, "sentences", body.truncate, model.language)
+    job = Job(model, body.sentences, "sentences", body.truncate)
+    sentences, cuts = await embedder(request).tokenized(job, caller(request))
     mapping = model.engine.mapping
     data = []
     for i, (tokens, cut) in enumerate(zip(sentences, cuts, strict=True)):

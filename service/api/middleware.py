@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from time import perf_counter, thread_time
 
-from service.admission import KeyedBudget
+from service.admission import Hold, KeyedBudget
 from service.api.errors import send_error
 from service.api.paths import app_path
 from service.errors import (
@@ -196,7 +196,7 @@ class BodyLimit:
         await send_error(scope, send, TooLarge(f"larger than the limit of {self.limit} bytes", "body"))
 
 
-ANSWER_HELD = "elmo_answer_bytes"  # what a request holds of the answer budget, in its scope's state
+ANSWER_HOLD = "elmo_answer_hold"  # the request's Hold on the answer budget, in its scope's state
 
 
 def client_address(scope) -> str:
@@ -205,25 +205,24 @@ def client_address(scope) -> str:
     return (scope.get("client") or ("",))[0]
 
 
-def hold_answer(scope, budget: KeyedBudget, size: int) -> None:
-    """Take `size` bytes of the answer budget for this request (Overloaded if it cannot hold them); AnswerRelease
-    gives them back once the answer is sent or the client has gone."""
-    budget.take(client_address(scope), size)
-    state = scope.setdefault("state", {})
-    state[ANSWER_HELD] = state.get(ANSWER_HELD, 0) + size
+def answer_hold(scope) -> Hold:
+    """The request's Hold on the answer budget (AnswerRelease put it in its scope), for the embedder to take from."""
+    return scope["state"][ANSWER_HOLD]
 
 
 class AnswerRelease:
-    """Around the routes: what a request took of the answer budget (`hold_answer`) is given back after it."""
+    """Around the routes and the sending: the request's hold on the answer budget (what the embedder takes for its
+    answer, service/embedder.py) lasts until its answer is sent or its client has gone, and is given back then."""
 
     def __init__(self, app, budget: KeyedBudget):
         self.app, self.budget = app, budget
 
     async def __call__(self, scope, receive, send):
-        try:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        with self.budget.holding(client_address(scope)) as hold:
+            scope.setdefault("state", {})[ANSWER_HOLD] = hold
             await self.app(scope, receive, send)
-        finally:
-            self.budget.give_back(client_address(scope), scope.get("state", {}).pop(ANSWER_HELD, 0))
 
 
 class DrainCutoff:

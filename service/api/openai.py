@@ -9,16 +9,14 @@ from functools import partial
 
 from fastapi import APIRouter, Request
 
-from service.api import tracing
-from service.api.answers import Abandoned, Base64, json_response, respond
+from service.api.answers import Abandoned, Base64, json_response
 from service.api.bodies import parsed_off_loop
-from service.api.dependencies import model_named, registry, runtime
-from service.api.embedding import embedded, observe_parse, offload, reserve_answer, tokenized
+from service.api.dependencies import model_named, registry
+from service.api.embedding import caller, embedder, encoded, observe_parse
 from service.api.errors import OPENAI_ERRORS
 from service.api.schemas import ModelList, ModelObject, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
-from service.batching.batcher import Layers
+from service.embedder import Ask, Embedded, Job
 from service.errors import InvalidRequest
-from service.mix import compose
 from service.models import ServedModel
 
 router = APIRouter(prefix="/v1", route_class=parsed_off_loop("input"))
@@ -38,40 +36,33 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
         raise InvalidRequest("empty list", "input")
     if body.dimensions is not None and body.dimensions != model.dim:  # ignoring it would hand back the wrong size
         raise InvalidRequest(f"{body.dimensions} asked for; this model's vectors have {model.dim}", "dimensions")
-    sentences, cuts = await tokenized(request, texts, "input", body.truncate, model.language)
     ways_out = '"encoding_format": "base64", or fewer inputs per request'
-    size = reserve_answer(request, model, sentences, 1, True, body.encoding_format, "input", ways_out)
-    results = await embedded(request, model, sentences, "input")
-    answer = partial(openai_answer, body, model, sentences, results, cuts)
-    numbers = sum(map(len, sentences)) * model.dim * model.num_layers
-    observe = runtime(request).metrics.observe_stage
-    tracer, encoding = request.app.state.tracer, body.encoding_format
-    with tracing.span(tracer, "elmo.encode", model=model.name, encoding=encoding, bytes=size):
-        return await respond(answer, size, observe=observe, numbers=numbers, offload=offload(request))
+    job = Job(model, texts, "input", body.truncate, averaged(model.num_layers, body.unit_length), body.encoding_format,
+              ways_out)  # fmt: skip
+    embedded = await embedder(request).embed(job, caller(request))
+    return await encoded(request, partial(openai_answer, embedded), embedded)
 
 
-def openai_answer(
-    body: OpenAIEmbeddingRequest,
-    model: ServedModel,
-    sentences: list[list[str]],
-    results: list[Layers],
-    cuts: list[dict],
-    stop: threading.Event | None = None,
-) -> dict:
-    """The answer of /v1/embeddings: each input's mean-pooled average of the layers (the mix with equal weights)."""
-    default_mix = [([0.0] * model.num_layers, 1.0, "softmax", False)]
-    data = []
-    for i, (layers, cut) in enumerate(zip(results, cuts, strict=True)):
+def averaged(num_layers: int, unit_length: bool) -> Ask:
+    """What /v1/embeddings asks of each input: the mean-pooled average of the layers (the mix with equal weights)."""
+    equal = ([0.0] * num_layers, 1.0, "softmax", False)  # weights 0, softmaxed: 1 / num_layers each
+    return Ask(num_layers, "mix", [equal], pooling="mean", unit_length=unit_length)
+
+
+def openai_answer(embedded: Embedded, stop: threading.Event | None = None) -> dict:
+    """The answer of /v1/embeddings: each input's vector (`averaged`)."""
+    job, data = embedded.job, []
+    for i, (layers, cut) in enumerate(zip(embedded.layers, embedded.cuts, strict=True)):
         if stop is not None and stop.is_set():
             raise Abandoned
-        vector = compose(layers.result(), "mix", None, default_mix, "mean", single_mix=True, unit=body.unit_length)
-        embedding = Base64(vector) if body.encoding_format == "base64" else vector
+        vector = job.ask.vectors(layers)
+        embedding = Base64(vector) if job.encoding == "base64" else vector
         data.append({"object": "embedding", "index": i, "embedding": embedding, **cut})
-    tokens = sum(map(len, sentences))
+    tokens = sum(map(len, embedded.sentences))
     return {
         "object": "list",
         "data": data,
-        "model": model.name,
+        "model": job.model.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
 
