@@ -16,15 +16,17 @@ processes, the threads only wait on a pipe, lock released: Moses runs on other c
 
 from __future__ import annotations
 
-import multiprocessing
+import importlib
 import os
+import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future
 
 from service.errors import Overloaded
 from service.turns import Held, Turns
@@ -46,62 +48,90 @@ class _Job:
         self.cpu = 0.0
 
 
-def _child_start(parent: int) -> None:
-    """A tokenizing process's start: a stop signal is the server's to act on (sent to the process group, as a
-    terminal's Ctrl-C or systemd's stop are, it would break texts being tokenized while the server drains), and the
-    process ends once its server has gone, however it went (killed, its pipes are not closed for it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-    def orphaned() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=orphaned, daemon=True).start()
+class TokenizerDied(Exception):
+    """The tokenizing process ended while it had a text (killed for memory?): that text fails, the next starts
+    another."""
 
 
-def _in_child(tokenize: Callable[[str, str], list[str]], text: str, language: str) -> tuple[str, float]:
-    """The tokens of `text` as one string, and the CPU time they took: a token holds no whitespace (Moses splits
-    on it), so they are joined by spaces, and one string crosses the pipe, not a list of many."""
-    start = time.thread_time()
-    joined = " ".join(tokenize(text, language))
-    return joined, time.thread_time() - start
+class TokenizingProcess:
+    """`tokenize` in a process of its own, for one worker thread: `python -m service.tokenizing MODULE:NAME`, a
+    text and its tokens each way on its stdin and stdout, 8 bytes of length and then the pickle. Started anew, not
+    forked (a fork copies the server's threads' locks in whatever state they are), it imports only the tokenizer;
+    it ends when its stdin does, so when the server goes however it went (killed, too)."""
 
-
-class Processes:
-    """`tokenize` in `count` processes of its own, started on first use or by `warm`; one that dies (killed for
-    memory) fails the texts it had, and the next text starts them again. `tokenize` must pickle (a module's
-    function): only its name crosses."""
-
-    def __init__(self, tokenize: Callable[[str, str], list[str]], count: int):
-        self.tokenize, self.count = tokenize, count
+    def __init__(self, tokenize: Callable[[str, str], list[str]]):
+        self.name = f"{tokenize.__module__}:{tokenize.__qualname__}"
         self.lock = threading.Lock()
-        self.pool = self._pool()
+        self.process: subprocess.Popen | None = None
 
-    def _pool(self) -> ProcessPoolExecutor:
-        # spawned, not forked: a fork copies the server's threads' locks in whatever state they are
-        context = multiprocessing.get_context("spawn")
-        return ProcessPoolExecutor(self.count, context, initializer=_child_start, initargs=(os.getpid(),))
-
-    def warm(self, language: str) -> None:
-        """Each process started and its Moses loaded, not waited for."""
-        for _ in range(self.count):
-            self.pool.submit(_in_child, self.tokenize, "", language)
+    def start(self) -> subprocess.Popen:
+        """Started if it is not running (not waited for: it loads Moses while the server starts)."""
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                command = [sys.executable, "-m", "service.tokenizing", self.name]
+                self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            return self.process
 
     def __call__(self, text: str, language: str) -> tuple[list[str], float]:
-        pool = self.pool
+        """The tokens of `text`, and the CPU time the process took for them. The thread waits on the pipe without
+        the interpreter lock."""
+        process = self.start()
         try:
-            joined, cpu = pool.submit(_in_child, self.tokenize, text, language).result()
-        except BrokenProcessPool:
-            with self.lock:
-                if self.pool is pool:
-                    self.pool = self._pool()
-            raise
+            _send(process.stdin, (text, language))
+            answer = _receive(process.stdout)
+        except (OSError, EOFError, ValueError) as err:  # a broken pipe, or a pipe closed by shutdown
+            process.kill()
+            raise TokenizerDied(f"the tokenizing process ended ({err or type(err).__name__})") from None
+        if isinstance(answer, Exception):
+            raise answer
+        joined, cpu = answer
         return joined.split(), cpu
 
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def stop(self) -> None:
+        with self.lock:
+            if self.process is not None:
+                self.process.stdin.close()  # it ends after the text it has
+
+
+def _send(pipe, value) -> None:
+    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(len(payload).to_bytes(8, "big") + payload)
+    pipe.flush()
+
+
+def _receive(pipe):
+    header = pipe.read(8)
+    if len(header) < 8:
+        raise EOFError("its pipe ended")
+    return pickle.loads(pipe.read(int.from_bytes(header, "big")))
+
+
+def _serve(name: str) -> None:
+    """The tokenizing process: texts from stdin tokenized until it ends, each answered with its tokens joined by
+    spaces (a token holds no whitespace: Moses splits on it), one string rather than a list of many to pickle, and
+    the CPU time they took; or with the error. A stop signal is the server's to act on (sent to the process group,
+    as a terminal's Ctrl-C or systemd's stop are, it would break texts the server is draining)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to the server's log, not into the answers
+    module, _, attribute = name.partition(":")
+    tokenize = getattr(importlib.import_module(module), attribute)
+    texts = sys.stdin.buffer
+    while True:
+        try:
+            text, language = _receive(texts)
+        except EOFError:
+            return
+        start = time.thread_time()
+        try:
+            answer = " ".join(tokenize(text, language)), time.thread_time() - start
+        except Exception as err:  # the request's to report
+            answer = err
+        try:
+            _send(answers, answer)
+        except (pickle.PicklingError, TypeError, AttributeError):  # an error that does not pickle, by its words
+            _send(answers, RuntimeError(f"{type(answer).__name__}: {answer}"))
 
 
 class TokenizeTurns:
@@ -117,12 +147,14 @@ class TokenizeTurns:
         processes: bool = False,
     ):
         self.per_client_chars, self.tokenize, self.observe = per_client_chars, tokenize, observe
-        self.processes = Processes(tokenize, threads) if processes else None
+        self.processes = [TokenizingProcess(tokenize) for _ in range(threads)] if processes else []
         self.lock = threading.Condition()
         self.lines: Turns[_Job] = Turns()  # each address's jobs with texts waiting, the addresses in turns
         self.chars = Held(per_client_chars)  # each address's characters waiting or being tokenized
         self.closed = False
-        self.workers = [threading.Thread(target=self._work, name=f"tokenize-{k}", daemon=True) for k in range(threads)]
+        self.workers = [
+            threading.Thread(target=self._work, args=(k,), name=f"tokenize-{k}", daemon=True) for k in range(threads)
+        ]
         for worker in self.workers:
             worker.start()
 
@@ -149,9 +181,10 @@ class TokenizeTurns:
         with self.lock:
             return self.chars[client]
 
-    def warm(self, language: str) -> None:
-        if self.processes is not None:
-            self.processes.warm(language)
+    def warm(self) -> None:
+        """The processes started (the server's start-up: they load Moses while the models load)."""
+        for process in self.processes:
+            process.start()
 
     def shutdown(self) -> None:
         with self.lock:
@@ -160,8 +193,8 @@ class TokenizeTurns:
                 for job in self.lines.line(client):
                     job.stop.set()
             self.lock.notify_all()
-        if self.processes is not None:
-            self.processes.shutdown()
+        for process in self.processes:
+            process.stop()
 
     def _next(self) -> tuple[_Job, int] | None:
         """The next text: the first waiting one of the first address in line, which then goes to the back."""
@@ -188,7 +221,7 @@ class TokenizeTurns:
                     return job, index
             self.lock.wait(timeout=1.0)  # woken by a new job; the timeout finds jobs whose clients have gone
 
-    def _work(self) -> None:
+    def _work(self, k: int) -> None:
         while True:
             with self.lock:
                 task = self._next()
@@ -197,7 +230,7 @@ class TokenizeTurns:
             job, index = task
             tokens, cpu, error = None, 0.0, None
             try:
-                tokens, cpu = self._tokenize(job.items[index], job.language)
+                tokens, cpu = self._tokenize(k, job.items[index], job.language)
             except Exception as err:  # handed to the request, never lost on the thread
                 error = err
             with self.lock:
@@ -210,10 +243,10 @@ class TokenizeTurns:
                 if not job.running and not job.waiting:
                     self._finish(job)
 
-    def _tokenize(self, text: str, language: str) -> tuple[list[str], float]:
-        """The tokens of `text`, and the CPU time they took (the process's, where it ran in one)."""
-        if self.processes is not None:
-            return self.processes(text, language)
+    def _tokenize(self, k: int, text: str, language: str) -> tuple[list[str], float]:
+        """Worker `k`'s tokens of `text`, and the CPU time they took (its process's, where it has one)."""
+        if self.processes:
+            return self.processes[k](text, language)
         start = time.thread_time()
         return self.tokenize(text, language), time.thread_time() - start
 
@@ -230,3 +263,7 @@ class TokenizeTurns:
         if self.observe is not None:
             self.observe("tokenize", job.cpu)
         job.future.set_result(job.result)
+
+
+if __name__ == "__main__":  # a tokenizing process (TokenizingProcess)
+    _serve(sys.argv[1])

@@ -126,7 +126,7 @@ async def lifespan(app: FastAPI):
     tracing.redact_spans(app.state.tracer_provider)  # FastAPI has configured its provider from OTEL_* by now
     # every model, or StartupFailed naming the one that failed; on a thread, so that the event loop serves the
     # metrics port (ELMO_METRICS_PORT) while the models load, as it did when that port had a thread of its own
-    parts.tokenizer.warm("en")  # its processes start while the models load
+    parts.tokenizer.warm()  # its processes start while the models load
     models = await asyncio.to_thread(load_models, parts.settings, parts.metrics)
     app.state.models = models
     await models.start()  # each warmed: readiness covers them all
