@@ -81,6 +81,7 @@ class TokenizingProcess:
             answer = _receive(process.stdout)
         except (OSError, EOFError, ValueError) as err:  # a broken pipe, or a pipe closed by shutdown
             process.kill()
+            process.wait()  # reaped: its pipe can end before it does, and the next text must start another
             raise TokenizerDied(f"the tokenizing process ended ({err or type(err).__name__})") from None
         if isinstance(answer, Exception):
             raise answer
