@@ -21,22 +21,37 @@ from bench.hostile.parts import BOMB, JSON, OPTIONS, SMALL, PeakRss, Probe, Row,
 SMALL_TEXT = orjson.dumps({"sentences": ["The bank of the river."], "pooling": "mean"})
 
 
-def _flood(port: int, address: str, connections: int, seconds: float, results, texts: bool = False) -> None:
-    """A process of its own: `connections` keep-alive connections from `address`, each sending mixed requests one
-    after the other with no pause (wrk's way), reading every answer whole; their statuses. `texts`: every request
-    sends texts (Moses tokenizes them), not tokens."""
-    words = ["the", "bank", "of", "a", "river", "is", "where", "the", "water", "meets", "the", "land"]
-    tokens = lambda n, k: [words[(k + j) % len(words)] for j in range(n)]  # noqa: E731
-    text = lambda n, k: " ".join(tokens(n, k)) + "."  # noqa: E731
-    sentence = text if texts else tokens
-    bodies = [
-        SMALL_TEXT if texts else SMALL,
-        orjson.dumps({"sentences": [sentence(20, k) for k in range(4)], "pooling": "mean"}),
-        orjson.dumps({"sentences": [sentence(20, k) for k in range(16)]}),
-        orjson.dumps({"sentences": [text(40, k) for k in range(4)], "pooling": "mean"}),
-        orjson.dumps({"sentences": [sentence(60, k) for k in range(32)], "encoding": "base64"}),
-        orjson.dumps({"sentences": [sentence(126, k) for k in range(8)], "output": "layers"}),
-    ]
+WORDS = ["the", "bank", "of", "a", "river", "is", "where", "the", "water", "meets", "the", "land"]
+
+
+def _tokens(n: int, k: int) -> list[str]:
+    return [WORDS[(k + j) % len(WORDS)] for j in range(n)]
+
+
+def _text(n: int, k: int) -> str:
+    """`n` words, a comma every 9th and a full stop every 25th, as prose has (Moses splits both off)."""
+    words = [w + ("." if j % 25 == 24 else "," if j % 9 == 8 else "") for j, w in enumerate(_tokens(n, k))]
+    return " ".join(words) + "."
+
+
+# The mixed flood: mostly tokens, one request in six a text.
+MIXED_BODIES = [
+    SMALL,
+    orjson.dumps({"sentences": [_tokens(20, k) for k in range(4)], "pooling": "mean"}),
+    orjson.dumps({"sentences": [_tokens(20, k) for k in range(16)]}),
+    orjson.dumps({"sentences": [_text(40, k) for k in range(4)], "pooling": "mean"}),
+    orjson.dumps({"sentences": [_tokens(60, k) for k in range(32)], "encoding": "base64"}),
+    orjson.dumps({"sentences": [_tokens(126, k) for k in range(8)], "output": "layers"}),
+]
+
+
+# The text flood: 4 texts of 150 words, pooled, again and again.
+TEXT_BODIES = [orjson.dumps({"sentences": [_text(150, k) for k in range(4)], "pooling": "mean"})]
+
+
+def _flood(port: int, address: str, connections: int, seconds: float, results, bodies: list[bytes]) -> None:
+    """A process of its own: `connections` keep-alive connections from `address`, each sending `bodies` in turn
+    one after the other with no pause (wrk's way), reading every answer whole; their statuses."""
     statuses: Counter = Counter()
 
     async def one(k: int) -> None:
@@ -73,15 +88,17 @@ def _flood(port: int, address: str, connections: int, seconds: float, results, t
     results.update(statuses)
 
 
-def overload_flood(model: Path, tree: Path, connections: int = 300, seconds: float = 30, texts: bool = False) -> None:
+def overload_flood(model: Path, tree: Path, connections: int = 300, seconds: float = 30, texts: bool = False) -> str:
     """A flood of mixed requests from one address, beside small requests from four others and the liveness probe.
-    `texts`: every request of the flood and of the others sends texts, which Moses tokenizes."""
+    `texts`: the flood is TEXT_BODIES and the others' requests send a text too (Moses tokenizes them), and then,
+    the flood over, one /tokenize of texts that fit once truncated."""
     import multiprocessing
 
     server, url, port = start_server(model, root=tree)
     try:
         results = multiprocessing.Manager().dict()
-        flood = multiprocessing.Process(target=_flood, args=(port, "127.0.0.2", connections, seconds, results, texts))
+        bodies = TEXT_BODIES if texts else MIXED_BODIES
+        flood = multiprocessing.Process(target=_flood, args=(port, "127.0.0.2", connections, seconds, results, bodies))
         small = SMALL_TEXT if texts else SMALL
         probes = [Probe(url, f"127.0.0.{k}", path="/embed", body=small) for k in (3, 4, 5, 6)]
         with PeakRss(server.pid) as rss, Probe(url, "127.0.0.9", every=0.1) as live:
@@ -100,11 +117,12 @@ def overload_flood(model: Path, tree: Path, connections: int = 300, seconds: flo
             others.outcomes += probe.outcomes
         flooded = dict(results)
         answered_per_s = {status: round(n / seconds) for status, n in flooded.items()}
-        kind = "text requests" if texts else "mixed requests"
-        print(f"{connections} connections from one address flooding /embed with {kind} for "
+        what = "4 texts of 150 words (pooled)" if texts else "mixed requests"
+        print(f"{connections} connections from one address flooding /embed with {what} for "
               f"{seconds:.0f} s (per second: {answered_per_s}): 4 other addresses' small POSTs every 0.2 s: "
               f"{others.figures()}; /health/live every 0.1 s: {live.figures()}; RSS +{rss.grown_mb:.0f} MB "
               "(goal: >= 98% 200, p99 < 1.5 s, liveness < 0.5 s)")  # fmt: skip
+        return fitting_truncate(url) if texts else ""
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -115,9 +133,26 @@ def overload_floods(model: Path, tree: Path) -> None:
         overload_flood(model, tree, connections)
 
 
-def text_flood(model: Path, tree: Path) -> None:
-    """300 connections from one address flooding /embed with text requests."""
-    overload_flood(model, tree, 300, texts=True)
+def text_flood(model: Path, tree: Path) -> str:
+    """300 connections from one address flooding /embed with 4 texts of 150 words, pooled; then the fitting
+    truncate."""
+    return overload_flood(model, tree, 300, texts=True)
+
+
+def fitting_truncate(url: str, texts: int = 62, words: int = 15_900) -> str:
+    """One /tokenize of `texts` texts of `words` words with truncate: each is cut to the limit, and the cut ones
+    fill the queue's 65,536 tokens but fit (62 x 1,016 words read)."""
+    # words and a full stop, no commas: the upper bound on tokens (words and punctuation) stays under 16,000
+    sentences = [" ".join(_tokens(words, k)) + "." for k in range(texts)]
+    body = orjson.dumps({"sentences": sentences, "truncate": True})
+    with httpx.Client(base_url=url, timeout=300) as c:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            status = c.post("/tokenize", content=body, headers=JSON).status_code
+            times.append(time.perf_counter() - start)
+    return (f"truncate, {texts} texts of {words:,} words ({len(body) / 1e6:.1f} MB) on /tokenize, the flood "
+            f"over: {status} in {min(times):.2f} s best of 3, {max(times):.2f} s worst (goal: < 0.5 s)")  # fmt: skip
 
 
 def _idle_holder(port: int, address: str, count: int, seconds: float, opened: list) -> None:
@@ -288,7 +323,7 @@ async def mixed_load(url: str, port: int, clients: int, seconds: float) -> None:
 
 ROWS: dict[str, Row] = {
     "flood": ("300, then 1,000, connections from one address flooding /embed", overload_floods),
-    "text-flood": ("300 connections from one address flooding /embed with texts", text_flood),
+    "text-flood": ("300 connections from one address flooding /embed with texts, and a fitting truncate", text_flood),
     "descriptors": ("1,100 idle connections from one address at a 1024 open-files limit", idle_connections_at_1024),
     "tokenize-turns": ("one address's long texts beside another's", tokenizing_turns),
     "mixed": ("stalled uploads, bombs, maximal answers and idle connections at once", on_server(

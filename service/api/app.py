@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None, tracer_provider=None) -> FastAP
         settings.max_tokenize_chars_per_client or settings.max_body_bytes,
         tokenize,
         metrics.observe_stage,
+        processes=True,  # Moses off the interpreter lock the event loop needs (service/tokenizing.py)
     )
     app.state.runtime = Runtime(
         settings,
@@ -126,6 +127,7 @@ async def lifespan(app: FastAPI):
     tracing.redact_spans(app.state.tracer_provider)  # FastAPI has configured its provider from OTEL_* by now
     # every model, or StartupFailed naming the one that failed; on a thread, so that the event loop serves the
     # metrics port (ELMO_METRICS_PORT) while the models load, as it did when that port had a thread of its own
+    parts.embedder.tokenizer.warm()  # its processes start while the models load
     models = await asyncio.to_thread(load_models, parts.settings, parts.metrics)
     app.state.models = models
     await models.start()  # each warmed: readiness covers them all

@@ -5,6 +5,7 @@ cheap bounds on the tokens it would make decide whether a text is refused: Moses
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from itertools import islice
 
@@ -16,6 +17,45 @@ from sacremoses.corpus import NonbreakingPrefixes
 _WORD = re.compile(r"[^\s\x00-\x1f]\S*")
 # A run of the characters Moses keeps together (its own IsAlnum class), or any one other visible character.
 _PIECE = re.compile(rf"[{MosesTokenizer.IsAlnum}]+|[^{MosesTokenizer.IsAlnum}\s]")
+
+# An ASCII text's characters as the two bounds see them, so that bytes' C loops count them (the regexes' matches,
+# one Python object each, took 0.46 s of the event loop for a truncate of 62 texts of 15,900 words): for
+# max_tokens, a letter or digit (Moses' IsAlnum, in ASCII) is "a", whitespace (str.isspace, as `\s`) " ", any
+# other character "."; for min_tokens the same, the control characters Moses deletes left out.
+_SPACE = bytes(c for c in range(128) if chr(c).isspace())
+_CLASSES = bytes.maketrans(bytes(range(128)), b"".join(
+    b"a" if chr(c).isalnum() else b" " if c in _SPACE else b"." for c in range(128)
+))  # fmt: skip
+_DELETED = bytes(c for c in range(32) if c not in _SPACE)
+
+
+def _runs(classes: bytes) -> int:
+    """How many runs of "a" `classes` holds: one at its start, and one after each byte of another class."""
+    return classes.startswith(b"a") + classes.count(b" a") + classes.count(b".a")
+
+
+def _words(ascii: bytes) -> int:
+    return _runs(ascii.translate(_CLASSES, _DELETED).replace(b".", b"a"))
+
+
+def _pieces(ascii: bytes) -> int:
+    classes = ascii.translate(_CLASSES)
+    return classes.count(b".") + _runs(classes)
+
+
+def _ascii_count(text: str, stop: int | None, count: Callable[[bytes], int]) -> int:
+    """`count` of an ASCII text, no more than `stop`: of its first 2 x `stop` characters first (a word or piece
+    and the character that parts it from the next), then of 4 times as many, and so on, so that a text over the
+    limit costs about what it takes to reach the limit; cut anywhere, a text has no more words or pieces than
+    whole, so what a cut text reaches the whole does."""
+    if stop is not None:
+        cut = 2 * stop
+        while len(text) > cut:
+            if count(text[:cut].encode("ascii")) >= stop:
+                return stop
+            cut *= 4
+    found = count(text.encode("ascii"))
+    return found if stop is None else min(found, stop)
 
 
 # The languages whose non-breaking prefixes ("Dr.", "ca.") Moses has; it takes English's for any other code.
@@ -54,6 +94,8 @@ def min_tokens(text: str, stop: int | None = None) -> int:
     whitespace into single spaces and deletes the other ASCII control characters, then only ever splits words
     further, so its words left with a character each are at least that many tokens. A request over a limit is
     refused with this before any (much slower) tokenization."""
+    if text.isascii():  # most texts: counted in C
+        return _ascii_count(text, stop, _words)
     return sum(1 for _ in islice(_WORD.finditer(text), stop))
 
 
@@ -64,6 +106,8 @@ def max_tokens(text: str, stop: int | None = None) -> int:
     next to a character outside its IsAlnum class, so a run of those is at most one token on its own, and
     every other token holds at least one other character. `"a," * 4_000_000` is one word and 8 000 000
     tokens; counting stops at `stop`, so a text over a limit costs no more than the limit to refuse."""
+    if text.isascii():
+        return _ascii_count(text, stop, _pieces)
     return sum(1 for _ in islice(_PIECE.finditer(text), stop))
 
 

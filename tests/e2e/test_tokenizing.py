@@ -5,8 +5,10 @@ figures; tests/service/test_tokenizing.py checks the turns without a server."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -96,3 +98,29 @@ def test_truncate_tokenizes_only_what_it_keeps_and_keeps_the_same_tokens(server,
 def server(tiny_model_dir, tmp_path_factory):
     with running_server(tiny_model_dir, tmp_path_factory.mktemp("tokenizing")) as s:  # the default limits
         yield s
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time of process `pid`'s own threads (not its children's), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the server's CPU time from /proc")
+def test_moses_runs_off_the_interpreter_the_event_loop_needs(tiny_model_dir, tmp_path):
+    # On threads of the server's process, Moses held the interpreter lock that the event loop waits for at every
+    # callback: a text flood took /health/live to seconds. In processes of its own, the server's CPU while texts
+    # are tokenized is its own work (the request, the answer), not Moses'.
+    body = httpx.Request("POST", "/", json={"sentences": [LONG_TEXT] * 8}).content
+    with running_server(tiny_model_dir, tmp_path) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.post("/tokenize", json={"sentences": ["Warm."]}).status_code == 200  # Moses loaded
+        moses = counter(c, "elmo_stage_seconds_sum", stage="tokenize")
+        before = _cpu_seconds(server.proc.pid)
+        answers = [c.post("/tokenize", content=body, headers=JSON) for _ in range(3)]
+        served = _cpu_seconds(server.proc.pid) - before
+        moses = counter(c, "elmo_stage_seconds_sum", stage="tokenize") - moses
+        assert all(a.status_code == 200 for a in answers), [a.text[:200] for a in answers]
+        assert answers[0].json()["data"][0]["tokens"] == ["x" * 199] * 1000
+        assert c.get("/health/live").status_code == 200
+    assert moses > 0.1, moses  # Moses' own CPU time, as the metric reports it
+    assert served < moses / 2, (served, moses)  # before: the server's CPU was Moses' and more

@@ -1,16 +1,18 @@
 """The tokenizing threads (service/tokenizing.py) without a server: texts are tokenized a text at a time in turns by
 address, an address's characters in line are bounded (one request alone always taken), a request whose client has
-gone leaves the line, and an error reaches its request. tests/e2e/test_tokenizing.py checks them on a real
-elmo-serve with Moses."""
+gone leaves the line, an error reaches its request, and in processes a killed one fails only the text it had.
+tests/e2e/test_tokenizing.py checks them on a real elmo-serve with Moses."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import pytest
 
 from service.errors import Overloaded
-from service.tokenizing import Abandoned, TokenizeTurns
+from service.tokenizing import Abandoned, TokenizerDied, TokenizeTurns
 
 
 class Gated:
@@ -85,3 +87,22 @@ def test_an_error_reaches_its_request_and_the_threads_keep_serving(gated):
     with pytest.raises(ValueError, match="boom"):
         turns.submit("a", ["boom"], "en", threading.Event()).result(10)
     assert turns.submit("a", ["fine"], "en", threading.Event()).result(10) == [["fine"]]
+
+
+def split_or_die(text: str, language: str) -> list[str]:
+    """A tokenizer for the processes (a module's function pickles by name): "die" kills its process."""
+    if text == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return text.split()
+
+
+def test_in_processes_a_killed_one_fails_its_text_and_the_next_text_is_served():
+    turns = TokenizeTurns(threads=1, per_client_chars=1000, tokenize=split_or_die, processes=True)
+    try:
+        assert turns.submit("a", ["x y", ["kept"]], "en", threading.Event()).result(60) == [["x", "y"], ["kept"]]
+        with pytest.raises(TokenizerDied):  # as a process killed for memory would: its text fails
+            turns.submit("a", ["die"], "en", threading.Event()).result(60)
+        assert turns.submit("b", ["z"], "en", threading.Event()).result(60) == [["z"]]  # in a new process
+        assert turns.held("a") == turns.held("b") == 0
+    finally:
+        turns.shutdown()

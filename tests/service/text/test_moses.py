@@ -1,10 +1,12 @@
 """The Moses tokenizer for string requests, and the cheap lower bound that refuses oversized ones first."""
 
 import time
+from itertools import islice
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.text import moses
 from service.text.moses import max_tokens, min_tokens, tokenize
 
 # Words, punctuation Moses splits off, whitespace of every kind, and the control characters it deletes.
@@ -50,3 +52,15 @@ def test_max_tokens_stops_counting_at_the_limit_fast():
     start = time.perf_counter()
     assert max_tokens(bomb, stop=1001) == 1001
     assert time.perf_counter() - start < 0.1  # a hang detector: it takes well under a millisecond
+
+
+ASCII_JUNK = st.sampled_from([*(w for w in WORDS if w.isascii()), *(c for c in SPACES_AND_JUNK if c.isascii())])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(ASCII_JUNK | st.sampled_from([",", "_", "-", "\x1f", "\x0e"]), max_size=40).map("".join)
+       | st.text(st.characters(max_codepoint=127), max_size=80), st.sampled_from([None, 0, 1, 3, 10]))  # fmt: skip
+def test_an_ascii_text_s_bounds_counted_in_c_are_the_regexes_counts(text, stop):
+    # ASCII texts are counted by bytes' translate and count (service/text/moses.py); others by the regexes
+    words, pieces = (sum(1 for _ in islice(r.finditer(text), stop)) for r in (moses._WORD, moses._PIECE))
+    assert (min_tokens(text, stop), max_tokens(text, stop)) == (words, pieces)
