@@ -91,7 +91,7 @@ def test_under_load_each_calls_feeds_are_built_while_the_call_before_runs(window
     requests = [[s] for s in make_sentences(24, seed=3)]
 
     async def main():
-        batcher = Batcher(retries(window_engine), in_flight(slow, 4), 60, 0.2, 100_000, overlap=overlap)
+        batcher = Batcher(retries(window_engine), in_flight(slow, 4, overlap), 60, 0.2, 100_000)
         batcher.start()
         got = await asyncio.gather(*(batcher.embed(r) for r in requests))
         await batcher.stop()
@@ -191,9 +191,9 @@ def test_a_request_cancelled_while_its_sentence_waits_in_the_prepared_call_is_no
 
     async def main():
         batcher = Batcher(retries(window_engine), in_flight(slow, 4), 4096, 0.0, 100_000)
-        packed = batcher._in_flight.packed
-        intake = packed.intake
-        packed.intake = lambda: queued.wait(TIMEOUT_S) and intake()
+        thread = batcher._engine  # the engine thread's intake, run on the preparing thread, held
+        intake = thread._intake
+        thread._intake = lambda: queued.wait(TIMEOUT_S) and intake()
         batcher.start()
         first = asyncio.ensure_future(batcher.embed([long]))
         await wait_until(lambda: len(slow.built) == 1)  # call 1 built: the long one alone
