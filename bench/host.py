@@ -227,7 +227,7 @@ def batcher_host(rows: int, calls: int, sentences: list[list[str]], overlap: boo
     warm = 4
 
     async def main() -> Batcher:
-        batcher = Batcher(engine.run, in_flight(engine, WINDOW, overlap), budget, 0.0, 1 << 40)
+        batcher = Batcher(engine.run, in_flight(engine, WINDOW), budget, 0.0, 1 << 40, overlap=overlap)
         batcher.start()
         fed = itertools.count()
 

@@ -34,6 +34,7 @@ class Batcher:
         queue_tokens: int,
         on_batch: Callable[[BatchStats], None] | None = None,
         gather_s: float = 0.0,
+        overlap: bool = True,
     ):
         self._in_flight = in_flight
         self.batch_tokens = batch_tokens
@@ -42,6 +43,7 @@ class Batcher:
         self.queue_tokens = queue_tokens
         self._cond = threading.Condition()  # guards the queue and the engine thread's `stopping`
         self._queue = Queue(queue_tokens)
+        in_flight.overlap(overlap)  # the window graph: each call prepared while the one before runs
         self._engine = EngineThread(run, in_flight, self._queue, self._cond, batch_tokens, max_wait_s, gather_s,
                                     on_batch or (lambda stats: None))  # fmt: skip
 

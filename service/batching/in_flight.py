@@ -54,10 +54,9 @@ class Row:
         return self.layers if boundaries else np.ascontiguousarray(self.layers[:, 1:-1])
 
 
-def in_flight(engine: Engine, window: int, overlap: bool = True) -> InFlight | PackedInFlight:
-    """The sentences in flight on `engine`: window by window on the Loop graph, packed rows on the window graph
-    (`overlap`: each call's feeds built while the call before it runs)."""
-    return PackedInFlight(engine, overlap) if engine.window else InFlight(engine, window)
+def in_flight(engine: Engine, window: int) -> InFlight | PackedInFlight:
+    """The sentences in flight on `engine`: window by window on the Loop graph, packed rows on the window graph."""
+    return PackedInFlight(engine) if engine.window else InFlight(engine, window)
 
 
 class InFlight:
@@ -83,6 +82,9 @@ class InFlight:
 
     next_call_full = False  # the Loop graph prepares no call ahead
     whole_window = False  # a call computes the positions it is asked for
+
+    def overlap(self, on: bool) -> None:
+        """Nothing to overlap: the Loop graph prepares no call ahead (its host work is each call's own)."""
 
     def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
         """Let sentences join (at most `room`): they start with the next `step`."""
@@ -133,9 +135,9 @@ class PackedInFlight:
 
     whole_window = True  # every call computes the graph's whole window, whatever it is asked for
 
-    def __init__(self, engine: WindowBackend, overlap: bool = True):
+    def __init__(self, engine: WindowBackend):
         self.engine, self.window = engine, engine.window
-        self.packed = PackedRows(engine, prefetch=overlap)  # packing.PackedRows' prefetch: see `step`
+        self.packed = PackedRows(engine)
         self.last_call = (0, 0, 0)  # the last call's sentences, their positions, and the positions computed
 
     @property
@@ -158,6 +160,10 @@ class PackedInFlight:
     def next_call_full(self) -> bool:
         """The next call is prepared (`overlap`) with no room for a sentence that joined now."""
         return self.packed.ahead is not None and not self.packed.ahead_open
+
+    def overlap(self, on: bool) -> None:
+        """Build each call's feeds while the call before it runs (packing.PackedRows' prefetch), or not: see `step`."""
+        self.packed.prefetch = on
 
     def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
         """Let sentences join (at most `room`): they start with the next calls."""

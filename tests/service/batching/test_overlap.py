@@ -91,7 +91,7 @@ def test_under_load_each_calls_feeds_are_built_while_the_call_before_runs(window
     requests = [[s] for s in make_sentences(24, seed=3)]
 
     async def main():
-        batcher = Batcher(retries(window_engine), in_flight(slow, 4, overlap), 60, 0.2, 100_000)
+        batcher = Batcher(retries(window_engine), in_flight(slow, 4), 60, 0.2, 100_000, overlap=overlap)
         batcher.start()
         got = await asyncio.gather(*(batcher.embed(r) for r in requests))
         await batcher.stop()
