@@ -8,8 +8,9 @@ backend never calls them, nor knows whose sentences it computes.
   (`prepare_packed`, on another thread while the call before runs) and then run (`run_prepared`), which returns the
   call's outputs for the caller to keep.
 
-Both run whole sentences (`run`: the batcher's retries after a failed window, elmo-embed). Nothing here imports the
-rest of the engine: the modules that drive a backend import this one, and the engine is free to import them."""
+Both run whole sentences (`run`: the batcher's retries after a failed window, elmo-embed). The modules that drive a
+backend import this one, never the session (an import contract): the session is free to import them (Engine.run packs
+a finite batch with packing.PackedRows)."""
 
 from __future__ import annotations
 
