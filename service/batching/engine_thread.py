@@ -1,7 +1,8 @@
 """The engine's thread: it applies the queue's policy (service/batching/queue.py) to the sentences in flight
 (service/batching/in_flight.py), runs the engine's calls through them, retries what a failed window held, and hands
-the answers back to the event loop. The only thread that drives the engine; it calls the sentences in flight, which
-call the engine (service/engine/backend.py), never the other way.
+the answers back to the event loop. The only thread that runs the engine's calls (on the window graph a preparing
+thread builds the next call's feeds beside it); it calls the sentences in flight, which call the engine through its
+backend (service/engine/backend.py), never the other way.
 
 * Continuous batching: every call advances each sentence in flight by a window of positions, and between calls
   finished sentences are answered and waiting ones join, in queue order, as long as the tokens in flight stay
