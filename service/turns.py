@@ -1,6 +1,6 @@
 """Fairness between client addresses: who goes first, and how much one address may hold. One idea, used wherever
 the service serves many addresses from one line: the HTTP server starting requests (service/server/connections.py),
-the tokenizing threads (service/tokenizing.py) and the batcher's queue (service/batching/batcher.py).
+the tokenizing threads (service/tokenizing.py) and the batcher's queue (service/batching/queue.py).
 
 - `Turns`: a first-in, first-out line per address, the addresses in turns (round robin): the next item is the first
   of the address whose turn it is, and that address then goes to the back, after every other address waiting. So

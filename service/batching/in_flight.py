@@ -25,9 +25,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from service.engine.backend import LoopBackend, WindowBackend
 from service.engine.feeds import place, sentence_keys
-from service.engine.packing import PackedRows, Sentence
+from service.engine.packing import Beside, PackedRows, Sentence
 from service.engine.session import Engine
+
+Intake = Callable[[], object]  # the scheduler's: lets the sentences that wait join, beside a running call
 
 
 class Row:
@@ -61,7 +64,7 @@ class InFlight:
     positions a call (the Loop graph computes only real positions: nothing to pack). Not thread-safe: one thread
     drives it."""
 
-    def __init__(self, engine: Engine, window: int):
+    def __init__(self, engine: LoopBackend, window: int):
         self.engine, self.window = engine, window
         self.rows: list[Row] = []
         self._free = list(range(engine.max_rows, 0, -1))  # slots 1..max_rows; slot 0 is the engine's scratch
@@ -78,6 +81,10 @@ class InFlight:
         return bool(self.rows)
 
     next_call_full = False  # the Loop graph prepares no call ahead
+    whole_window = False  # a call computes the positions it is asked for
+
+    def overlap(self, on: bool) -> None:
+        """Nothing to overlap: the Loop graph prepares no call ahead (its host work is each call's own)."""
 
     def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
         """Let sentences join (at most `room`): they start with the next `step`."""
@@ -88,9 +95,10 @@ class InFlight:
             keys = sentence_keys(sentence, info.mapping)
             self.rows.append(Row(tag, keys, info.num_layers, info.dim, self._free.pop()))
 
-    def step(self, window: int | None = None) -> list[Row]:
+    def step(self, window: int | None = None, intake: Intake | None = None) -> list[Row]:
         """Run the next window (`window` positions, default `self.window`) of every row; returns the rows that
-        finished (and are no longer in flight)."""
+        finished (and are no longer in flight). Nothing is prepared ahead: `intake` is not called (the scheduler
+        lets sentences in between calls)."""
         rows, window = self.rows, window or self.window
         windows = [(row.keys, row.position, min(window, row.length - row.position)) for row in rows]
         self.last_call = (len(windows), sum(n for _, _, n in windows), len(windows) * max(n for _, _, n in windows))
@@ -125,7 +133,9 @@ class PackedInFlight:
     each call the graph's whole window of every row. Sentences join between calls, as many as the next call can
     start (`room`). Not thread-safe: one thread drives it."""
 
-    def __init__(self, engine: Engine):
+    whole_window = True  # every call computes the graph's whole window, whatever it is asked for
+
+    def __init__(self, engine: WindowBackend):
         self.engine, self.window = engine, engine.window
         self.packed = PackedRows(engine)
         self.last_call = (0, 0, 0)  # the last call's sentences, their positions, and the positions computed
@@ -151,10 +161,9 @@ class PackedInFlight:
         """The next call is prepared (`overlap`) with no room for a sentence that joined now."""
         return self.packed.ahead is not None and not self.packed.ahead_open
 
-    def overlap(self, intake: Callable[[], object]) -> None:
-        """Build each call's feeds while the call before it runs (packing.PackedRows' prefetch): `intake` is called
-        on the preparing thread first, to admit the sentences that wait then, so that they join the next call."""
-        self.packed.prefetch, self.packed.intake = True, intake
+    def overlap(self, on: bool) -> None:
+        """Build each call's feeds while the call before it runs (packing.PackedRows' prefetch), or not: see `step`."""
+        self.packed.prefetch = on
 
     def admit(self, sentences: Sequence[Sequence[str]], tags: Sequence[object]) -> None:
         """Let sentences join (at most `room`): they start with the next calls."""
@@ -162,12 +171,26 @@ class PackedInFlight:
             raise ValueError(f"{len(sentences)} sentences cannot join: room for {self.room}")
         self.packed.admit(sentences, tags)
 
-    def step(self, window: int | None = None) -> list[Sentence]:
-        """Run the next call (the graph's window, whatever `window` says); the sentences it finished."""
+    def step(self, window: int | None = None, intake: Intake | None = None) -> list[Sentence]:
+        """Run the next call (the graph's window, whatever `window` says); the sentences it finished. With `overlap`,
+        while it runs another thread calls `intake` (the scheduler admits the sentences that wait then, so that they
+        join the next call, not the one after) and then prepares the next call."""
         positions, computed = self.packed.positions, self.packed.computed
-        finished = self.packed.step()
+        finished = self._step_overlapped(intake) if self.packed.prefetch and intake is not None else self.packed.step()
         self.last_call = (self.packed.segments, self.packed.positions - positions, self.packed.computed - computed)
         return finished
+
+    def _step_overlapped(self, intake: Intake) -> list[Sentence]:
+        packed = self.packed
+        call = packed.begin()
+        if call is None:
+            return []
+
+        def prepare() -> None:
+            intake()
+            packed.prepare_ahead()
+
+        return packed.run_beside(call, Beside(prepare).start())
 
     def drop(self, unwanted: Callable[[Sentence], bool]) -> list[Sentence]:
         return self.packed.drop(unwanted)

@@ -23,9 +23,12 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
+from service.engine.backend import Computed, WindowBackend
 from service.engine.feeds import sentence_keys
 
-Segment = tuple["Sentence", int, int]  # a sentence, its first position in this call, positions in this call
+Segment = tuple["Sentence", int, int]  # a sentence, its first position in this call, positions (backend.Segment)
+
+Call = tuple[list[list[Segment]], object]  # a call's rows and its feeds (WindowBackend.prepare_packed), ready to run
 
 
 class Sentence:
@@ -93,20 +96,39 @@ def finite_rows(positions: int, window: int, multiple: int, max_rows: int) -> in
 FINITE_CALLS = 8
 
 
+class Beside:
+    """Work on a thread of its own while a call runs (ONNX Runtime lets go of the interpreter while it runs): the
+    next call's feeds built, and whatever its caller does first (the batcher takes the sentences that wait). Started
+    by whoever made it; `PackedRows.run_beside` joins it after the call and raises what it raised."""
+
+    def __init__(self, work: Callable[[], object]):
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name="elmo-prepare")
+
+    def _run(self, work: Callable[[], object]) -> None:
+        try:
+            work()
+        except BaseException as err:  # raised on the engine's thread, after its call
+            self.failure = err
+
+    def start(self) -> Beside:
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        self._thread.join()
+
+
 class PackedRows:
     """The sentences in flight on a window engine: those each row is in the middle of, and those waiting to start.
-    `step` runs one call (engine.call_packed) and returns the sentences it finished. Not thread-safe: one thread
-    drives it."""
+    `step` runs one call and returns the sentences it finished. Not thread-safe: one thread drives it (with
+    `prefetch`, the thread of a `Beside` prepares the next call while the driving thread waits for the running one)."""
 
-    def __init__(self, engine, max_rows: int | None = None, prefetch: bool = False,
-                 intake: Callable[[], object] | None = None):  # fmt: skip
+    def __init__(self, engine: WindowBackend, max_rows: int | None = None, prefetch: bool = False):
         self.engine, self.window = engine, engine.window
         self.max_rows = max_rows or engine.max_rows
         self.prefetch = prefetch  # `step`: the next call's feeds built while this one runs
-        # with prefetch: called on the preparing thread, while a call runs, before the next call is planned: the
-        # batcher admits the sentences that wait for it then (they join the next call, not the one after)
-        self.intake = intake
-        self.ahead: tuple[list[list[Segment]], object] | None = None  # with prefetch: the next call, prepared
+        self.ahead: Call | None = None  # with prefetch: the next call, prepared
         # what preparing `ahead` moved past, to plan it again when sentences join that it had room for
         self._before: tuple[list[Sentence | None], list[Sentence]] | None = None
         self.ahead_open = False  # `ahead` took every waiting sentence and has free positions or rows
@@ -212,10 +234,20 @@ class PackedRows:
         if not rows:
             self.rows = []
             return []
-        padded_rows = self.engine.call_packed(rows, source)
+        computed = self.engine.call_packed(rows, source)
+        self._keep(rows, computed)
         self._advance(rows, taken)
-        self._count(rows, padded_rows)
+        self._count(rows, computed.padded_rows)
         return self._finished(rows)
+
+    @staticmethod
+    def _keep(rows: list[list[Segment]], computed: Computed) -> None:
+        """Each segment's positions of a call's output, kept in its sentence as views (no copy on this thread)."""
+        q = 0
+        for segments in rows:
+            for sentence, first, n in segments:
+                sentence.pieces.append((first, n, computed.token_layer, computed.lstm, q))
+                q += n
 
     def _advance(self, rows: list[list[Segment]], taken: int) -> None:
         """The bookkeeping past a call of `rows`: its sentences started, their positions done, what continues."""
@@ -269,46 +301,48 @@ class PackedRows:
         self.rows, self.ahead, self._before = before_rows, None, None
 
     def _step_ahead(self) -> list[Sentence]:
+        call = self.begin()
+        if call is None:
+            return []
+        beside = Beside(self.prepare_ahead).start() if self.rows or self.waiting else None
+        return self.run_beside(call, beside)
+
+    def begin(self) -> Call | None:
+        """With prefetch: the next call, prepared (None: nothing to run). Sentences that joined since it was prepared,
+        which it had room for, are planned into it again, in series (a newcomer is not held back a call; under load
+        the call was full and the newcomers wait anyway); the first call (or the first after the rows ran dry) is
+        prepared here."""
         if self.ahead is not None and self.ahead_open and self.waiting:
-            # sentences joined since the call was prepared, and it had room for them: planned again, in series (a
-            # newcomer is not held back a call; under load the call was full and the newcomers wait anyway)
             self._unprepare()
             self.replanned += 1
         if self.ahead is None:
-            self._prepare_next()  # the first call (or the first after the rows ran dry) is prepared here
-        if self.ahead is None:
-            return []
-        rows, prepared = self.ahead
-        self.ahead, self._before = None, None
-        failure: list[BaseException] = []
+            self._prepare_next()
+        call, self.ahead, self._before = self.ahead, None, None
+        return call
 
-        def prepare() -> None:
-            try:
-                if self.intake is not None:
-                    self.intake()
-                self._prepare_next(overlapped=True)
-            except BaseException as err:  # raised on the engine's thread, after its call
-                failure.append(err)
+    def prepare_ahead(self) -> None:
+        """With prefetch, on a `Beside`'s thread while the call `begin` gave runs: the call after it, prepared."""
+        self._prepare_next(overlapped=True)
 
-        ahead = self.rows or self.waiting or self.intake is not None
-        worker = threading.Thread(target=prepare, name="elmo-prepare") if ahead else None
-        if worker is not None:
-            worker.start()
+    def run_beside(self, call: Call, beside: Beside | None) -> list[Sentence]:
+        """Run `call` (from `begin`) while `beside` (started) prepares the next one; the sentences the call finished.
+        If either raises, the call's sentences are handed back by `clear` (with those prepared after it and those
+        waiting), none lost and none answered: the caller runs them again or fails them."""
+        rows, prepared = call
         try:
-            padded_rows = self.engine.run_prepared(prepared)
+            computed = self.engine.run_prepared(prepared)
         except BaseException as err:
-            # the call's sentences are handed back by `clear` (with those prepared after it and those waiting),
-            # none lost and none answered: the caller runs them again or fails them
             self.failed = rows
             if hasattr(err, "add_note"):  # Python 3.11 on
                 err.add_note(f"a window call of {sum(map(len, rows))} sentence segments failed; its sentences and "
                              "those after it are handed back by clear()")  # fmt: skip
             raise
         finally:
-            if worker is not None:
-                worker.join()
-        if failure:
+            if beside is not None:
+                beside.join()
+        self._keep(rows, computed)
+        if beside is not None and beside.failure is not None:
             self.failed = rows  # ran, but its sentences are not handed out: the caller clears and runs them again
-            raise failure[0]
-        self._count(rows, padded_rows)
+            raise beside.failure
+        self._count(rows, computed.padded_rows)
         return self._finished(rows)

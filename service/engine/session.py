@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from service.engine.backend import Computed, Segment
 from service.engine.feeds import Window, bucket, encode_windows, place, sentence_keys, token_inputs
 from service.engine.host_pool import HostPool, cudart, numpy_allocator, pinned_allocator
-from service.engine.packing import PackedRows, Segment, finite_rows
+from service.engine.packing import PackedRows, finite_rows
 from service.engine.providers import check_single_runtime, open_graph, session_options
 from service.engine.token_cache import TokenCache
 from service.manifest import read_manifest
@@ -130,11 +131,10 @@ class Engine:
         return tuple(np.concatenate([out[f"layers_{d}"][:, i, :n] for i, n in enumerate(lengths)], axis=1)
                      for d in ("fwd", "bwd"))  # fmt: skip
 
-    def call_packed(self, rows: list[list[Segment]], source: list[int]) -> int:
+    def call_packed(self, rows: list[list[Segment]], source: list[int]) -> Computed:
         """The window graph: one call on packed rows (service/engine/packing.py). Each segment's positions are
         computed, from the model's initial state where its sentence starts, else from the state row `source[b]`
-        of the last call left, and kept in its sentence as a view of this call's output. Returns the rows computed
-        (the rows given, padded to the shapes the graph is fed in)."""
+        of the last call left; the call's outputs come back at the segments' positions, one after the other."""
         return self.run_prepared(self.prepare_packed(rows, source))
 
     def prepare_packed(self, rows: list[list[Segment]], source: list[int]) -> Prepared:
@@ -180,17 +180,12 @@ class Engine:
         fresh = all(segments[0][1] == 0 for segments in rows)  # no row continues: the state given is not read
         return Prepared(rows, feeds, encoded, fresh, padded)
 
-    def run_prepared(self, prepared: Prepared) -> int:
+    def run_prepared(self, prepared: Prepared) -> Computed:
         """Run a call prepared by `prepare_packed` (calls run in the order they were prepared: each continues
-        from the state the one before left); returns the rows computed."""
-        layers, token_vectors = self._window.run(prepared.feeds, prepared.fresh)
+        from the state the one before left): the rows computed and the layers at the segments' positions."""
+        (token_layer, lstm), token_vectors = self._window.run(prepared.feeds, prepared.fresh)
         self._cache(prepared.encoded, token_vectors)
-        q, padded = 0, prepared.padded
-        for segments in prepared.rows:
-            for sentence, first, n in segments:
-                sentence.pieces.append((first, n, *layers, q))  # its positions done: PackedRows counts them
-                q += n
-        return padded
+        return Computed(prepared.padded, token_layer, lstm)
 
     def _cache(self, encoded: dict, token_vectors: np.ndarray) -> None:
         """The char-CNN's new token vectors, kept for later calls."""

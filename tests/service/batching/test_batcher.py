@@ -57,7 +57,7 @@ class RecordingStepper:
         self.admitted += [list(s) for s in sentences]
         self.inner.admit(sentences, tags)
 
-    def step(self, window=None):
+    def step(self, window=None, intake=None):
         sentences = [row.tag[0].sentences[row.tag[1]] for row in self.rows]
         if len(self.windows) + 1 == self.hold_at:  # before it is recorded: a test that sees it may release it
             self._gate.clear()
@@ -70,7 +70,7 @@ class RecordingStepper:
             raise EngineFailure("boom")
         if self.max_rows is not None and len(sentences) > self.max_rows:
             raise MemoryError("Failed to allocate memory for requested buffer")
-        return self.inner.step(window)
+        return self.inner.step(window, intake)
 
 
 class RecordingRun:

@@ -191,9 +191,9 @@ def test_a_request_cancelled_while_its_sentence_waits_in_the_prepared_call_is_no
 
     async def main():
         batcher = Batcher(retries(window_engine), in_flight(slow, 4), 4096, 0.0, 100_000)
-        packed = batcher._in_flight.packed
-        intake = packed.intake
-        packed.intake = lambda: queued.wait(TIMEOUT_S) and intake()
+        thread = batcher._engine  # the engine thread's intake, run on the preparing thread, held
+        intake = thread._intake
+        thread._intake = lambda: queued.wait(TIMEOUT_S) and intake()
         batcher.start()
         first = asyncio.ensure_future(batcher.embed([long]))
         await wait_until(lambda: len(slow.built) == 1)  # call 1 built: the long one alone
