@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from model_export.export import WINDOW, ExportError, export_manylangs, export_published
+from model_export.export import INT8_VNNI_FILE, WINDOW, ExportError, export_manylangs, export_published
 from model_export.manylangs import is_manylangs
 
 
@@ -71,14 +71,17 @@ def export_main(argv: list[str] | None = None) -> int:
         print(f"elmo-export: {err}", file=sys.stderr)
         return 1
     parity = manifest["parity"]
-    cost = {g["precision"]: g["accuracy"] for g in manifest["graphs"] if "accuracy" in g}
+    cost = {g["file"]: g["accuracy"] for g in manifest["graphs"] if "accuracy" in g}
+    int8, vnni, fp16 = (cost.get(name, {}) for name in ("model_int8.onnx", INT8_VNNI_FILE, "model_window_fp16.onnx"))
     print(
         f"wrote {args.out}/model.onnx: {manifest['num_layers']} layers of {manifest['output_dim']}, "
         f"{manifest['initial_state']} initial state, "
         f"max abs error vs PyTorch {parity['max_abs_error']:.2e} (tolerance {parity['tolerance']:g}); "
-        f"also model_int8.onnx (CPU, int8: max abs error to fp32 {cost['int8']['max_abs_error_vs_fp32']:.3g}, "
-        f"min cosine {cost['int8']['min_cosine_vs_fp32']:.6f}), model_window.onnx (CUDA, window {args.window}), "
-        f"model_window_fp16.onnx (min cosine to fp32 {cost['fp16']['min_cosine_vs_fp32']:.6f}) and "
+        f"also model_int8.onnx (CPU, int8: max abs error to fp32 {int8['max_abs_error_vs_fp32']:.3g}, "
+        f"min cosine {int8['min_cosine_vs_fp32']:.6f}), {INT8_VNNI_FILE} (CPU with VNNI or AMX, int8: max abs "
+        f"error {vnni['max_abs_error_vs_fp32']:.3g}, min cosine {vnni['min_cosine_vs_fp32']:.6f}), "
+        f"model_window.onnx (CUDA, window {args.window}), "
+        f"model_window_fp16.onnx (min cosine to fp32 {fp16['min_cosine_vs_fp32']:.6f}) and "
         f"{len(manifest['canaries']['sentences'])} canary sentences"
     )
     return 0

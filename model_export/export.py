@@ -23,7 +23,7 @@ import torch
 from model_export.bilm import BiLM
 from model_export.initial_state import mean_final_state
 from model_export.manylangs import copy_mapping, load_manylangs
-from model_export.onnx_graph import OPSET, Int8, build_onnx_model, build_window_model
+from model_export.onnx_graph import OPSET, Int8, build_onnx_model, build_window_model, u8_twin
 from model_export.weights import load_bilm
 from service.engine.canary import CANARIES_FILE, accuracy, max_abs_error, save_canaries
 from service.engine.feeds import sentence_keys
@@ -46,6 +46,17 @@ INT8 = Int8(activations="row7", weights="s8", token_encoder=True)
 # full-size token's FLOPs. The manifest says which scheme each export took.
 INT8_GOAL = 0.999
 INT8_FALLBACK = Int8(activations="row7", weights="s8", token_encoder=False)
+# The int8 graph for CPUs whose integer products take 8-bit activations times s8 weights without saturating (VNNI's
+# VPDPBUSD, AMX's tiles; AVX2's VPMADDUBSW saturates at int16): the engine serves it where the CPU has one of
+# INT8_VNNI_FLAGS (/proc/cpuinfo's names), else the graph above (service/engine/providers.py). 8 bits buy the
+# accuracy to spend on fewer passes around the products (docs/performance.md, "The time around the products"):
+# the cell output at its bound, the char convolutions as integer products, and each step's input and state in
+# one product. Its accuracy is measured on its u8 x u8 twin (`u8_twin`: the same integers on any CPU), held to
+# INT8_GOAL as the other's, with INT8_VNNI_FALLBACK (the token encoder in fp32) where it misses.
+INT8_VNNI = Int8(activations="row8", weights="s8", token_encoder=True, bounded=True, convolutions=True, fused=True)
+INT8_VNNI_FALLBACK = Int8(activations="row8", weights="s8", token_encoder=False, bounded=True, fused=True)
+INT8_VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+INT8_VNNI_FILE = "model_int8_vnni.onnx"
 
 # Lengths 1 to 60, repeated and unseen words, non-ASCII, an empty and an over-long token.
 CHECK_SENTENCES = [
@@ -82,8 +93,10 @@ def save_onnx(model_proto: onnx.ModelProto, path: Path) -> None:
         onnx.save_model(model_proto, path, save_as_external_data=True, location=path.name + ".data")
 
 
-def graph_list(window: int = WINDOW, int8: Int8 = INT8) -> list[dict]:
-    """The graphs an export writes, as its manifest lists them (before their measured errors are added)."""
+def graph_list(window: int = WINDOW, int8: Int8 = INT8, int8_vnni: Int8 = INT8_VNNI) -> list[dict]:
+    """The graphs an export writes, as its manifest lists them (before their measured errors are added). The VNNI
+    int8 graph comes last, after the one every CPU computes exactly: an engine that does not read `cpu_flags`
+    takes the first graph of a kind and precision."""
     return [
         {"file": MODEL_FILE, "kind": "loop", "precision": "fp32", "window": None, "for": "CPU"},
         {"file": "model_int8.onnx", "kind": "loop", "precision": "int8", "window": None,
@@ -91,6 +104,9 @@ def graph_list(window: int = WINDOW, int8: Int8 = INT8) -> list[dict]:
         {"file": "model_window.onnx", "kind": "window", "precision": "fp32", "window": window, "for": "CUDA"},
         {"file": "model_window_fp16.onnx", "kind": "window", "precision": "fp16", "window": window,
          "for": "CUDA with precision fp16 (opt-in)"},
+        {"file": INT8_VNNI_FILE, "kind": "loop", "precision": "int8", "window": None,
+         "for": "CPU with VNNI or AMX, precision int8 (opt-in)", "quantization": int8_vnni.to_dict(),
+         "cpu_flags": list(INT8_VNNI_FLAGS)},
     ]  # fmt: skip
 
 
@@ -115,13 +131,16 @@ def export_model(
     graphs = graph_list(window, int8)
     with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
         tmp = Path(tmp)
-        _write_graphs(model, graphs, tmp, window, int8)
+        _write_graphs(model, graphs, tmp, window, twins=True)  # the VNNI graph's u8 twin, to measure
         manifest = _manifest(model, graphs, tmp, sources, write_mapping, language)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         mapping = load_mapping(tmp, manifest)
         check = check_sentences(mapping)
         fp32 = _check_graphs(graphs, tmp, torch_layers(model, check, mapping), check)
-        _int8_within_goal(model, graphs, tmp, fp32, check)
+        for graph in graphs:
+            if graph["precision"] == "int8":
+                _int8_within_goal(model, graph, tmp, fp32, check)
+        _write_graphs(model, [g for g in graphs if "cpu_flags" in g], tmp, window)  # the graphs served
         manifest["parity"] = {
             "max_abs_error": max(g["parity"]["max_abs_error"] for g in graphs if "parity" in g),
             "tolerance": TOLERANCE,
@@ -139,14 +158,16 @@ def export_model(
     return manifest
 
 
-def _write_graphs(model: BiLM, graphs: list[dict], folder: Path, window: int, int8: Int8) -> None:
+def _write_graphs(model: BiLM, graphs: list[dict], folder: Path, window: int, twins: bool = False) -> None:
+    """Each graph of `graphs` into `folder`; `twins`: a graph for certain CPUs (`cpu_flags`) as its `u8_twin`."""
     for graph in graphs:
         if graph["kind"] == "loop":
-            model_proto = build_onnx_model(model, graph["precision"], int8)
+            scheme = Int8(**graph["quantization"]) if graph["precision"] == "int8" else None
+            model_proto = build_onnx_model(model, graph["precision"], scheme)
         else:
             model_proto = build_window_model(model, window, graph["precision"])
         onnx.checker.check_model(model_proto, full_check=model_proto.ByteSize() < EXTERNAL_DATA_BYTES)
-        save_onnx(model_proto, folder / graph["file"])
+        save_onnx(u8_twin(model_proto) if twins and "cpu_flags" in graph else model_proto, folder / graph["file"])
         del model_proto
 
 
@@ -200,7 +221,7 @@ def _check_graphs(graphs: list[dict], folder: Path, want: list[np.ndarray], chec
     precision's distance from fp32 recorded in its entry; returns the fp32 Loop graph's layers."""
     fp32 = None
     for graph in graphs:  # the fp32 Loop graph first: the others are measured against it
-        engine = Engine(folder, provider="cpu", graph=graph["kind"], precision=graph["precision"])
+        engine = Engine(folder, provider="cpu", graph=graph["file"], precision=graph["precision"])
         got = engine.run(check)
         del engine
         error = max_abs_error(got, want)
@@ -221,18 +242,19 @@ def _above_layer_0(graph: dict) -> float:
     return min(graph["accuracy"]["min_cosine_vs_fp32_by_layer"][1:])
 
 
-def _int8_within_goal(
-    model: BiLM, graphs: list[dict], folder: Path, fp32: list[np.ndarray], check: list[list[str]]
-) -> None:
-    """The int8 graph rewritten with INT8_FALLBACK when its scheme misses INT8_GOAL, and the better of the two kept,
-    its scheme and accuracy in its manifest entry."""
-    graph = next((g for g in graphs if g["precision"] == "int8"), None)
-    if graph is None or _above_layer_0(graph) >= INT8_GOAL or graph["quantization"] == INT8_FALLBACK.to_dict():
+def _int8_within_goal(model: BiLM, graph: dict, folder: Path, fp32: list[np.ndarray], check: list[list[str]]) -> None:
+    """An int8 graph rewritten with its fallback scheme (INT8_FALLBACK, or INT8_VNNI_FALLBACK for the VNNI graph)
+    when its scheme misses INT8_GOAL, and the better of the two kept, its scheme and accuracy in its manifest
+    entry (the VNNI graph measured on its u8 twin, and left as the twin: the caller writes it afresh)."""
+    fallback = INT8_VNNI_FALLBACK if "cpu_flags" in graph else INT8_FALLBACK
+    if _above_layer_0(graph) >= INT8_GOAL or graph["quantization"] == fallback.to_dict():
         return
     first = Int8(**graph["quantization"])
-    for scheme in (INT8_FALLBACK, first):  # first back again if the fallback does no better
-        save_onnx(build_onnx_model(model, "int8", scheme), folder / graph["file"])
-        engine = Engine(folder, provider="cpu", graph="loop", precision="int8")
+    for scheme in (fallback, first):  # first back again if the fallback does no better
+        model_proto = build_onnx_model(model, "int8", scheme)
+        save_onnx(u8_twin(model_proto) if "cpu_flags" in graph else model_proto, folder / graph["file"])
+        del model_proto
+        engine = Engine(folder, provider="cpu", graph=graph["file"], precision="int8")
         measured = {"quantization": scheme.to_dict(), "accuracy": accuracy(engine.run(check), fp32)}
         del engine
         if scheme is first or _above_layer_0(measured) > _above_layer_0(graph):

@@ -7,7 +7,8 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
 * unique tokens only: the char-CNN runs once per distinct token of the batch that the caller has not
   cached (`token_chars`, (U, max_chars)); `cached_vectors` (V, P) are token vectors the caller kept from
   earlier batches (the output `token_vectors`); `index_fwd` (B, T) places rows of [encoded; cached];
-* each char convolution is one product over every token's char windows, not a Conv (bench.yardstick's profile);
+* each char convolution is one product over every token's char windows, not a Conv (bench.yardstick's profile),
+  over the windows that hold a char of some token (past a token's end a window repeats its padding: one kept);
 * each layer's input-to-gate products for all time steps are one GEMM per direction before the loop
   (the bias folded in); both directions share one loop;
 * no work on padding: rows are sorted longest first inside the graph, the input GEMM runs on the real
@@ -112,21 +113,29 @@ class Int8:
     (o * tanh(c) is within 1), quantizes it with one constant scale, 1 / 63 (or 127), instead of each row's: no
     passes to find the rows' peaks, and the product comes out scaled (batch-independent too). `convolutions`
     (with `token_encoder`): the char convolutions in integers, the char table quantized once, per embedding
-    dimension, its scales and lows folded into the filters and biases."""
+    dimension, its scales and lows folded into the filters and biases. `fused` (per row only): each step's input
+    rows and state side by side, (n, 2P), quantized with one scale a row and multiplied by [w_input; w_hidden] in
+    the loop, one product where there were two and the passes over (N, 4C) between them (the input's product
+    before the loop, its slice of each step, the sum); a row's smaller half then rounds coarser, which 7 bits
+    cannot afford (min cosine 0.9989 on the default model) and 8 bits can. The export's VNNI graph
+    (model_export/export.py, INT8_VNNI) takes 8-bit activations with all three."""
 
     activations: str = "row7"
     weights: str = "s8"
     token_encoder: bool = True
     bounded: bool = False
     convolutions: bool = False
+    fused: bool = False
 
     def __post_init__(self):
         if self.activations not in ("row7", "row8", "tensor") or self.weights not in ("s8", "s7", "u8"):
             raise ValueError(f"no such int8 scheme: {self}")
+        if self.fused and self.activations == "tensor":
+            raise ValueError(f"fused products are per row: {self}")
 
     def to_dict(self) -> dict:
         plain = {"activations": self.activations, "weights": self.weights, "token_encoder": self.token_encoder}
-        return plain | {name: True for name in ("bounded", "convolutions") if getattr(self, name)}
+        return plain | {name: True for name in ("bounded", "convolutions", "fused") if getattr(self, name)}
 
     @property
     def levels(self) -> tuple[int, int]:
@@ -190,9 +199,9 @@ class _Precision:
     def up(self, x: str) -> str:
         return self.g.op("Cast", x, to=TensorProto.FLOAT) if self.half else x
 
-    def matmul(self, x: str, w, bias: str | None = None, scaled: bool = True):
-        """x (fp32) @ w (a `matrix`) (+ bias, fp32, in int8 only) -> fp32. In int8 per row with `scaled` False:
-        (the products before each row's scale, (M, 1) the scales), for the caller to apply where it is cheaper."""
+    def matmul(self, x: str, w, bias: str | None = None, zero_point: str | None = None):
+        """x (fp32) @ w (a `matrix`) (+ bias, fp32, in int8 only) -> fp32. In int8 per row, `zero_point`: the
+        centre for each of x's rows, (M,) uint8, where the caller has it (the Loop body makes it once a step)."""
         if not self.int8:
             return self.up(self.g.op("MatMul", self.down(x), w))
         g, (values, scale, zero) = self.g, w
@@ -203,16 +212,16 @@ class _Precision:
         peak = g.op("Max", g.op("ReduceMax", g.op("Abs", x), axes=[1], keepdims=1), g.const(1e-30, "tiny"))
         row_scale = g.op("Div", peak, g.const(float(top), "top"))  # (M, 1)
         centre = g.const(centre, "centre", np.uint8)
-        one = g.const(1.0, "one")
         # QuantizeLinear per axis 0 (a scale and a zero point per row) divides and rounds (half to even, saturating)
         # in one pass over x, where a Div before a per-tensor QuantizeLinear took two and a temporary as large as x
         scales = g.op("Squeeze", row_scale, g.const([1], "axis1", np.int64))  # (M,)
-        quantized = g.op("QuantizeLinear", x, scales, g.op("Expand", centre, g.op("Shape", scales)), axis=0)
-        product = g.op("MatMulIntegerToFloat", quantized, values, one, scale, centre, zero, domain=MS_DOMAIN)
-        if not scaled:
-            return product, row_scale
-        y = g.op("Mul", product, row_scale)
-        return g.op("Add", y, bias) if bias else y
+        if zero_point is None:
+            zero_point = g.op("Expand", centre, g.op("Shape", scales))
+        quantized = g.op("QuantizeLinear", x, scales, zero_point, axis=0)
+        # the rows' scales as A's scale: ONNX Runtime multiplies its output by them in the kernel (after the columns'
+        # scales, the same float products as a Mul after it), so no Mul node; the bias after them
+        product = g.op("MatMulIntegerToFloat", quantized, values, row_scale, scale, centre, zero, domain=MS_DOMAIN)
+        return g.op("Add", product, bias) if bias else product
 
     def matmul_bounded(self, x: str, w, bound: float, bias: str | None = None) -> str:
         """x @ w (+ bias) in int8 for x within [-bound, bound] (`Int8.bounded`): one constant scale, the product
@@ -257,8 +266,10 @@ def _token_encoder(p: _Precision, model: BiLM, token_chars: str, windows_as_prod
                 table = _quantized_table(p, _np(enc.char_embed.weight))
             else:
                 table = p.weight(_np(enc.char_embed.weight), "char_embed")
+            used = _chars_used(g, token_chars, opt.max_chars)
             for conv in enc.convs:
-                pooled.append(g.op(activation, _convolution_as_product(p, table, token_chars, conv, opt.max_chars)))
+                y = _convolution_as_product(p, table, token_chars, conv, opt.max_chars, used)
+                pooled.append(g.op(activation, y))
         else:
             table = p.weight(_np(enc.char_embed.weight), "char_embed")
             x = g.op("Transpose", g.op("Gather", table, token_chars), perm=[0, 2, 1])  # (U, char_dim, max_chars)
@@ -280,26 +291,48 @@ def _token_encoder(p: _Precision, model: BiLM, token_chars: str, windows_as_prod
         return p.up(p.linear(x, _np(enc.proj.weight), _np(enc.proj.bias), "proj", quantize))
 
 
-def _convolution_as_product(p: _Precision, table: str, token_chars: str, conv, max_chars: int) -> str:
+def _chars_used(g: _Graph, token_chars: str, max_chars: int) -> str:
+    """[S]: 1 + the last column in which some token's id differs from its own last column, + 1. Past it every
+    token's row repeats its last id (the padding char, in a token shorter than the row), so its windows of w chars
+    starting there are all one window (`_convolution_as_product`). At least 1."""
+    i64 = np.int64
+    column = g.const([max_chars - 1], "last", i64), g.const([max_chars], "end", i64), g.const([1], "axis1", i64)
+    last = g.op("Slice", token_chars, *column)  # (U, 1)
+    # each column's position + 1 where the id differs from the row's last, else 0; the largest of them, + 1
+    positions = g.const(np.arange(1, max_chars + 1), "positions", i64)
+    differs = g.op("Where", g.op("Equal", token_chars, last), g.const(0, "zero", i64), positions)  # (U, max_chars)
+    used = g.op("Add", g.op("ReduceMax", differs, keepdims=0), g.const(1, "one_i", i64))
+    return g.op("Unsqueeze", used, g.const([0], "axis0", i64))
+
+
+def _convolution_as_product(p: _Precision, table: str, token_chars: str, conv, max_chars: int, used: str) -> str:
     """One char convolution of width w and its max-pool: (U, max_chars) char ids -> (U, n) before the activation.
     Each token's windows of w chars (L = max_chars - w + 1 of them) are gathered, their embeddings side by side
     (U, L, w * char_dim), and multiplied by the filters as one (w * char_dim, n) matrix: one large product where
     ONNX Runtime's Conv took 12-26% of a full-size bulk batch's node time for 9% of its FLOPs (docs/performance.md,
     "The machine's own limit"). The
     bias comes after the max (max(y + b) = max(y) + b, also in floating point, rounding being monotonic): one pass
-    over (U, n) instead of (U, L, n)."""
+    over (U, n) instead of (U, L, n).
+
+    Only the first `used` windows (`_chars_used`) are computed: a window starting past a token's last distinct
+    column holds its last id w times, as the window starting there does, which is kept; the same ids give the same
+    bits (a row of a product rounds alike whatever the other rows), so the max is the same bits as over all L.
+    Tokens of 2-12 letters in a row of 50 chars: 13-15 of 44-50 windows."""
     g = p.g
     n, char_dim, width = conv.weight.shape  # Conv1d's (out, in, kernel)
     starts = np.arange(max_chars - width + 1)[:, None] + np.arange(width)[None, :]  # (L, w)
-    windows = g.op("Gather", token_chars, g.const(starts, "windows", np.int64), axis=1)  # (U, L, w) char ids
+    starts = g.op("Slice", g.const(starts, "windows", np.int64), g.const([0], "zero", np.int64), used)  # (S, w)
+    windows = g.op("Gather", token_chars, starts, axis=1)  # (U, S, w) char ids
     filters = _np(conv.weight).transpose(2, 1, 0).reshape(width * char_dim, n)  # [k * char_dim + d, f]
     if isinstance(table, tuple):  # int8: the table's values, and its scale per embedding dimension (char_dim,)
         q_table, dim_scale = table
         chars = g.op("Gather", q_table, windows)
         flat = g.op("Reshape", chars, g.const([0, 0, width * char_dim], "windows_flat", np.int64))
         # the table's scales folded into the filters, x[k] * s[k] * w[k, f] = x[k] * (s[k] * w[k, f]), in 7 bits:
-        # with the table's 8, a pair of products still fits the int16 of AVX2's VPMADDUBSW (`Int8`)
-        q, scale, zero = quantize_columns(filters * np.tile(dim_scale, width)[:, None], "s8", top=63)
+        # with the table's 8, a pair of products still fits the int16 of AVX2's VPMADDUBSW (`Int8`); in 8 where
+        # the activations are in 8 bits too (row8: for VNNI and AMX only)
+        top = 127 if p.int8.activations == "row8" else 63
+        q, scale, zero = quantize_columns(filters * np.tile(dim_scale, width)[:, None], "s8", top=top)
         one, centre = g.const(1.0, "one"), g.const(128, "centre", np.uint8)
         y = g.op("MatMulIntegerToFloat", flat, g.const(q, "w_cnn", np.int8), one, g.const(scale, "w_cnn_scale"),
                  centre, g.const(zero, "w_cnn_zero", np.int8), domain=MS_DOMAIN)  # fmt: skip
@@ -328,18 +361,24 @@ def _int64_zero() -> onnx.TensorProto:
 DIRECTIONS = ("fwd", "bwd")
 
 
-def _loop_body(opt, cells: list, gates_x: list, active: str, offsets: str, precision: str, int8, scope: str):
+def _loop_body(opt, cells: list, gates_x: list, packed: _Packed, precision: str, int8, scope: str):
     """Step t of one layer, both directions, over the sentences still running (rows are sorted longest
     first, so they are the first active[t] rows). Per direction: (h, c) (B, P), (B, C) -> next (h, c),
-    and h as scan output. `gates_x`: each direction's input products (N, 4C), bias included, or in int8 per row
-    (the products unscaled, each row's scale (N, 1), the bias (4C,)). The weights live in the body as 2-D
-    constants so ONNX Runtime pre-packs them once (see the module docstring)."""
+    and h as scan output. `gates_x`: each direction's input products (N, 4C), scaled and biased. The weights live
+    in the body as 2-D constants so ONNX Runtime pre-packs them once (see the module docstring). What a step reads
+    of the packed layout is one Gather each, shared by both directions: each node of the body runs at every step
+    (a node costs its own kernel's start and the Loop's scheduling of it, as much as a small pass: bench.int8
+    --profile)."""
     b = _Graph("step_", scope)
     p = _Precision(b, precision, int8)
     i64 = np.int64
-    axis0, zero, end = b.const([0], "axis", i64), b.const([0], "zero", i64), b.const([2**62], "end", i64)
-    n = b.op("Unsqueeze", b.op("Gather", active, "t"), axis0)  # [n_t]
-    start = b.op("Unsqueeze", b.op("Gather", offsets, "t"), axis0)
+    # [n_t, B - n_t], [first], [past the last packed row], [n_t]
+    sizes, first, last, n = b.op("Split", b.op("Gather", packed.step_table, "t"), b.const([2, 1, 1, 1], "parts", i64),
+                                 outputs=4)  # fmt: skip
+    rows = first, last, b.const([0], "axis", i64)  # the packed rows of step t
+    zero_point = None
+    if p.int8 and p.int8.activations != "tensor":  # each running row's centre, for every per-row quantization
+        zero_point = b.op("Expand", b.const(p.int8.levels[1], "centre", np.uint8), n)
     f32 = TensorProto.FLOAT
     inputs = [
         helper.make_tensor_value_info("t", TensorProto.INT64, []),
@@ -349,19 +388,18 @@ def _loop_body(opt, cells: list, gates_x: list, active: str, offsets: str, preci
     scans = []
     for d, cell, gates in zip(DIRECTIONS, cells, gates_x, strict=True):
         h_in, c_in = f"h_{d}", f"c_{d}"
-        rows = start, b.op("Add", start, n), axis0  # the packed rows of step t
-        if isinstance(gates, tuple):
-            # int8 per row: the input products come unscaled, and get each row's scale and the bias here, on the
-            # step's rows while they are in cache, rather than in two more passes over all of them before the loop
-            products, row_scales, bias = gates
-            scaled = b.op("Mul", b.op("Slice", products, *rows), b.op("Slice", row_scales, *rows))
-            gates_t = b.op("Add", scaled, b.const(bias, "b_input"))  # (n_t, 4C)
+        h_run, h_done = b.op("Split", h_in, sizes, axis=0, outputs=2)
+        c_run, c_done = b.op("Split", c_in, sizes, axis=0, outputs=2)
+        if isinstance(gates, tuple):  # `Int8.fused`: the step's input rows and its state in one product
+            x, bias = gates
+            joint = b.op("Concat", b.op("Slice", x, *rows), h_run, axis=1)  # (n_t, 2P)
+            w_joint = p.matrix(np.concatenate([_np(cell.w_input), _np(cell.w_hidden)]), "w_joint")
+            gates_t = p.matmul(joint, w_joint, b.const(bias, "b_input"), zero_point=zero_point)
         else:
-            gates_t = b.op("Slice", gates, *rows)  # (n_t, 4C)
-        h_run, h_done = b.op("Slice", h_in, zero, n, axis0), b.op("Slice", h_in, n, end, axis0)
-        c_run, c_done = b.op("Slice", c_in, zero, n, axis0), b.op("Slice", c_in, n, end, axis0)
-        weights = p.matrix(_np(cell.w_hidden), "w_hidden"), p.matrix(_np(cell.w_proj), "w_proj")
-        h, c = _cell_step(p, opt, weights, gates_t, h_run, c_run)
+            gates_x_t = b.op("Slice", gates, *rows)  # (n_t, 4C): the packed rows of step t
+            w_hidden = p.matrix(_np(cell.w_hidden), "w_hidden")
+            gates_t = b.op("Add", gates_x_t, p.matmul(h_run, w_hidden, zero_point=zero_point))
+        h, c = _cell_step(p, opt, p.matrix(_np(cell.w_proj), "w_proj"), gates_t, c_run, zero_point)
         b.op("Concat", h, h_done, axis=0, out=[f"h_{d}_next"])  # finished rows keep their state: never read
         b.op("Concat", c, c_done, axis=0, out=[f"c_{d}_next"])
         b.op("Identity", f"h_{d}_next", out=[f"h_{d}_scan"])
@@ -433,11 +471,13 @@ def _longest_first(g: _Graph) -> tuple[str, str, str]:
 
 @dataclass(frozen=True)
 class _Packed:
-    """PyTorch's PackedSequence layout of a batch: its real (t, b) positions in time-major order."""
+    """PyTorch's PackedSequence layout of a batch: its real (t, b) positions in time-major order, and what each
+    step of the Loop reads of it (`step_table`: one Gather a step)."""
 
     steps: str  # T
-    active: str  # (T,): rows still running at step t
-    offsets: str  # (T,): the first packed row of step t
+    # (T, 5) at step t: the rows still running (the first of the sorted rows) and the rows done, how the state
+    # splits; the first and past the last packed row of the step; the rows running again
+    step_table: str
     index: str  # (N,): each real position's index into the (T*B) positions
     ones: str  # (N, 1): a column of ones, for the bias in the product
     flat_shape: str  # [-1, P]
@@ -449,15 +489,17 @@ def _packed_layout(g: _Graph, x: str, lengths: str, proj: int) -> _Packed:
     steps = g.op("Squeeze", g.op("Shape", x, end=1), axis0)  # T
     time = g.op("Range", g.const(0, "zero", i64), steps, g.const(1, "one_i", i64))
     running = g.op("Less", g.op("Unsqueeze", time, axis1), g.op("Unsqueeze", lengths, axis0))  # (T, B)
-    active = g.op("ReduceSum", g.op("Cast", running, to=TensorProto.INT64), axis1, keepdims=0)  # (T,)
-    offsets = g.op("CumSum", active, g.const(0, "axis", i64), exclusive=1)  # (T,) first packed row of step t
+    active = g.op("ReduceSum", g.op("Cast", running, to=TensorProto.INT64), axis1, keepdims=1)  # (T, 1)
+    offsets = g.op("CumSum", active, g.const(0, "axis", i64), exclusive=1)  # (T, 1) first packed row of step t
     t_b = g.op("NonZero", running)  # (2, N)
     t_idx, b_idx = g.op("Gather", t_b, g.const(0, "row", i64)), g.op("Gather", t_b, g.const(1, "row", i64))
-    batch = g.op("Squeeze", g.op("Shape", "lengths"), axis0)
-    index = g.op("Add", g.op("Mul", t_idx, batch), b_idx)  # (N,) into T*B
+    batch = g.op("Shape", "lengths")  # [B]
+    done = g.op("Sub", batch, active)
+    table = g.op("Concat", active, done, offsets, g.op("Add", offsets, active), active, axis=1)  # (T, 5)
+    index = g.op("Add", g.op("Mul", t_idx, g.op("Squeeze", batch, axis0)), b_idx)  # (N,) into T*B
     one = g.const(1.0, "one")
     ones = g.op("Expand", one, g.op("Concat", g.op("Shape", index), g.const([1], "n", i64), axis=0))  # (N, 1)
-    return _Packed(steps, active, offsets, index, ones, g.const([-1, proj], "flat", i64))
+    return _Packed(steps, table, index, ones, g.const([-1, proj], "flat", i64))
 
 
 def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, start, order, unsort, graph_inputs,
@@ -471,12 +513,11 @@ def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, star
         bias = _np(cell.bias)[None, :]
         bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
         rows = g.op("Gather", g.op("Reshape", x_d, packed.flat_shape), packed.index)  # (N, P): real positions
-        if p.int8 and p.int8.activations == "tensor":  # the bias goes in the integer product's own input
+        if p.int8 and p.int8.fused:  # the products in the loop (`_loop_body`)
+            gates_x.append((rows, bias[0]))
+        elif p.int8:  # each row scaled in the product's kernel, the bias after (per tensor: in the kernel too)
             w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
             gates_x.append(p.matmul(rows, w_input, g.const(bias[0], f"b_input{k}")))  # (N, 4C)
-        elif p.int8:  # scale and bias in the loop (`_loop_body`)
-            w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
-            gates_x.append((*p.matmul(rows, w_input, scaled=False), bias[0]))  # (N, 4C), (N, 1), (4C,)
         else:
             # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards would
             # be another pass over the largest tensor of the model.
@@ -488,7 +529,7 @@ def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, star
             graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
             given = g.op("Gather", name, order, axis=0)
             states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
-    body = _loop_body(opt, cells, gates_x, packed.active, packed.offsets, p.precision, p.int8, f"lstm{k}/step")
+    body = _loop_body(opt, cells, gates_x, packed, p.precision, p.int8, f"lstm{k}/step")
     *final, fwd, bwd = g.op("Loop", packed.steps, g.const(True, "true", np.bool_), *states, outputs=6, body=body)
     for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
         g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last
@@ -498,18 +539,20 @@ def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, star
 # ---- the window graph: no Loop, static shapes, rows packed with sentences ----------------------------------------
 
 
-def _cell_step(p: _Precision, opt, weights: tuple[str, str], gates_x: str, h: str, c: str) -> tuple[str, str]:
-    """One step of a projected LSTM cell: gates_x (B, 4C) (the input's products, bias included), state (h, c)
-    -> (h', c'), with `weights` (w_hidden, w_proj) written once for all steps. Gates in the order i, j, f, o;
-    the forget bias is in gates_x."""
-    g, (w_hidden, w_proj) = p.g, weights
-    gates = g.op("Add", gates_x, p.matmul(h, w_hidden))
+def _cell_step(p: _Precision, opt, w_proj, gates: str, c: str, zero_point: str | None = None) -> tuple[str, str]:
+    """One step of a projected LSTM cell: its gates (B, 4C) (the input's and the state's products, bias included),
+    cell state c -> (h', c'), with the projection `w_proj` written once for all steps. Gates in the order i, j,
+    f, o; the forget bias is in the gates. `zero_point`: int8's per-row centres (`_Precision.matmul`)."""
+    g = p.g
     i, j, f, o = g.op("Split", gates, outputs=4, axis=1)
     c = g.op("Add", g.op("Mul", g.op("Sigmoid", f), c), g.op("Mul", g.op("Sigmoid", i), g.op("Tanh", j)))
     if opt.cell_clip:
         c = g.op("Clip", c, g.const(-opt.cell_clip, "lo"), g.const(opt.cell_clip, "hi"))
     m = g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c))  # within (-1, 1)
-    h = p.matmul_bounded(m, w_proj, 1.0) if p.int8 and p.int8.bounded_cell else p.matmul(m, w_proj)
+    if p.int8 and p.int8.bounded_cell:
+        h = p.matmul_bounded(m, w_proj, 1.0)
+    else:
+        h = p.matmul(m, w_proj, zero_point=zero_point)
     if opt.proj_clip:
         h = g.op("Clip", h, g.const(-opt.proj_clip, "lo"), g.const(opt.proj_clip, "hi"))
     return h, c
@@ -641,6 +684,28 @@ def _window_layer(p: _Precision, opt, pair, x: str, reset: list[str], window: in
         outputs.append(g.op("Unsqueeze", h, step_axis))
     out = g.op("Concat", *outputs, axis=2) if window > 1 else outputs[0]  # (2, B, W, P)
     return out, h, c
+
+
+def u8_twin(model_proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The same int8 graph with each signed 8-bit weight matrix as unsigned (+128, zero point 128): the same
+    integers, (a - za)(w + 128 - 128) = (a - za) w, through ONNX Runtime's u8 x u8 kernels, which widen to 16 bits
+    before they multiply and so never saturate on any x86 CPU. What a graph of 8-bit activations times s8
+    weights computes on a CPU with VNNI or AMX, measured on any CPU (elmo-export states the accuracy of the VNNI
+    graph from it); 2-2.5x slower, so never served. Changes `model_proto` in place and returns it."""
+    graphs = [model_proto.graph]
+    for graph in graphs:
+        graphs += [a.g for node in graph.node for a in node.attribute if a.HasField("g")]
+    for graph in graphs:
+        tensors = {t.name: t for t in graph.initializer}
+        for node in graph.node:
+            if node.op_type != "MatMulIntegerToFloat" or len(node.input) < 6:
+                continue
+            for index in (1, 5):  # B and its zero point
+                tensor = tensors.get(node.input[index])
+                if tensor is not None and tensor.data_type == TensorProto.INT8:
+                    shifted = (numpy_helper.to_array(tensor).astype(np.int16) + 128).astype(np.uint8)
+                    tensor.CopyFrom(numpy_helper.from_array(shifted, tensor.name))
+    return model_proto
 
 
 def _model(g: _Graph, name: str, inputs: list, outputs: list, ms_domain: bool) -> onnx.ModelProto:

@@ -5,6 +5,7 @@ the CPU, or copy to the host at every call, is refused or named."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -134,7 +135,8 @@ def open_graph(
 ) -> tuple[Graph, ort.InferenceSession]:
     """The graph of `info` to serve on `provider` ("auto", "cuda" or "cpu") in `precision`, and its session.
     "auto" graph: the Loop graph on the CPU in fp32 or int8 (measured the faster one there: bench/engine.py), else
-    the window graph (CUDA, fp16). On CUDA, a fallback to the CPU is refused when CUDA was asked for (a GPU
+    the window graph (CUDA, fp16); "loop", "window", or a file the manifest lists (`choose_graph`: the int8 Loop
+    graph by the CPU's flags). On CUDA, a fallback to the CPU is refused when CUDA was asked for (a GPU
     deployment would look healthy at a fraction of its speed) and said in the log under "auto"; nodes placed off
     the GPU are refused for the window graph and named for the Loop graph."""
     if precision == "int8":
@@ -185,11 +187,54 @@ def check_placement(graph: Graph, placement: str) -> None:
         )
 
 
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags as Linux's /proc/cpuinfo names them (none known elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def choose_graph(info: ModelInfo, graph: str, precision: str) -> Graph:
+    """The manifest's graph of kind `graph` ("loop", "window", or a file the manifest lists) in `precision`. Of
+    several int8 Loop graphs, the first whose `cpu_flags` this CPU has one of (the VNNI graph: 8-bit products
+    that only VNNI and AMX compute without saturating), else the one without `cpu_flags` (exact on every x86
+    CPU); the choice goes to the log, and /info shows the graph served."""
+    if graph.endswith(".onnx"):  # one file, as elmo-export measures each
+        for entry in info.graphs:
+            if entry.file.name == graph and entry.precision == precision:
+                return entry
+        raise ValueError(f"this model folder has no graph {graph} in {precision}")
+    candidates = [g for g in info.graphs if g.kind == graph and g.precision == precision]
+    if graph != "loop" or precision != "int8" or len(candidates) < 2:
+        return info.graph(graph, precision)
+    have = cpu_flags()
+    for entry in candidates:
+        found = sorted(set(entry.entry.get("cpu_flags", ())) & have)
+        if found:
+            log.info("precision int8: this CPU has %s: serving %s (%s)", ", ".join(found), entry.file.name,
+                     _scheme(entry))  # fmt: skip
+            return entry
+    plain = [g for g in candidates if not g.entry.get("cpu_flags")]
+    if not plain:
+        raise ValueError(f"this model folder's int8 graphs each need a CPU flag this CPU lacks: {candidates}")
+    wanted = sorted({f for g in candidates for f in g.entry.get("cpu_flags", ())})
+    log.info("precision int8: this CPU has none of %s: serving %s (%s)", ", ".join(wanted), plain[0].file.name,
+             _scheme(plain[0]))  # fmt: skip
+    return plain[0]
+
+
+def _scheme(graph: Graph) -> str:
+    return ", ".join(f"{k} {v}" for k, v in graph.entry.get("quantization", {}).items())
+
+
 def _open(info: ModelInfo, cuda: bool, graph: str, precision: str, options, device_id: int, cuda_graphs: bool):
     """The graph to serve and its session (with its placement report on CUDA, else "")."""
     if graph == "auto":
         graph = "window" if cuda or precision == "fp16" else "loop"
-    chosen = info.graph(graph, precision)
+    chosen = choose_graph(info, graph, precision)
     if not cuda:
         return chosen, ort.InferenceSession(str(chosen.file), options, providers=["CPUExecutionProvider"]), ""
     if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN installed as pip packages (nvidia-*) are found

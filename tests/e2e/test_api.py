@@ -653,7 +653,7 @@ def test_info(client, server, tiny_model_dir):
     assert info["manifest"]["parity"]["max_abs_error"] <= 1e-5
     # the CPU serves the Loop graph in fp32; the manifest lists the window graphs for CUDA and fp16 beside it
     assert info["precision"] == "fp32" and (info["graph"]["file"], info["graph"]["kind"]) == ("model.onnx", "loop")
-    assert [g["precision"] for g in info["manifest"]["graphs"]] == ["fp32", "int8", "fp32", "fp16"]
+    assert [g["precision"] for g in info["manifest"]["graphs"]] == ["fp32", "int8", "fp32", "fp16", "int8"]
     assert info["settings"]["precision"] == "fp32" and info["settings"]["cuda_graphs"] is False
     limits = info["limits"]
     assert (limits["max_sentences"], limits["max_tokens_per_sentence"]) == (MAX_SENTENCES, MAX_TOKENS)

@@ -28,13 +28,14 @@ def window_engine(tiny_model_dir) -> Engine:
     return Engine(tiny_model_dir, provider="cpu", graph="window", intra_op_threads=2)
 
 
-def test_the_folder_holds_four_graphs_and_says_which_is_which(tiny_model_dir):
+def test_the_folder_holds_five_graphs_and_says_which_is_which(tiny_model_dir):
     graphs = json.loads((tiny_model_dir / "manifest.json").read_text())["graphs"]
     assert [(g["file"], g["kind"], g["precision"], g["window"]) for g in graphs] == [
         ("model.onnx", "loop", "fp32", None),
         ("model_int8.onnx", "loop", "int8", None),
         ("model_window.onnx", "window", "fp32", WINDOW),
         ("model_window_fp16.onnx", "window", "fp16", WINDOW),
+        ("model_int8_vnni.onnx", "loop", "int8", None),  # for CPUs with VNNI or AMX: tests/model_export/test_int8.py
     ]
     assert graphs[0]["parity"]["max_abs_error"] <= 1e-5 and graphs[2]["parity"]["max_abs_error"] <= 1e-5
     assert graphs[1]["accuracy"]["min_cosine_vs_fp32"] >= 0.999  # tests/model_export/test_int8.py

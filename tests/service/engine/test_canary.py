@@ -17,8 +17,9 @@ from onnx import numpy_helper
 
 from service.engine import canary
 from service.engine.canary import FP32_TOLERANCE, CanaryMismatch, allowance, check, cosine_min, prove
+from service.engine.providers import choose_graph
 from service.engine.session import Engine
-from service.manifest import sha256
+from service.manifest import read_manifest, sha256
 from tests.live_server import counter, refused_to_start, running_server
 
 
@@ -36,6 +37,11 @@ def altered(tiny_model_dir: Path, folder: Path, graph: str, initializer: str, ch
         manifest.setdefault("files", {})[graph] = sha256(folder / graph)
         (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
+
+
+def served_int8(model_dir: Path) -> str:
+    """The int8 graph an engine serves from `model_dir` on this CPU (chosen by its flags: engine/providers.py)."""
+    return choose_graph(read_manifest(model_dir), "loop", "int8").file.name
 
 
 def changed_row(table: np.ndarray, row: int) -> np.ndarray:
@@ -80,13 +86,12 @@ def test_the_canaries_hold_every_byte_utf8_text_can_hold(tiny_model_dir):
 
 
 def test_an_altered_int8_graph_is_refused_naming_graph_provider_and_figures(tiny_model_dir, tmp_path):
-    model_dir = altered(tiny_model_dir, tmp_path / "m", "model_int8.onnx", "w_input1_scale", lambda s: s * 1.2)
+    served = served_int8(tiny_model_dir)  # the token projection's scales, in both int8 graphs
+    model_dir = altered(tiny_model_dir, tmp_path / "m", served, "w_proj_scale", lambda s: s * 1.2)
     text = refused_to_start(model_dir, tmp_path / "server.log", {"ELMO_PRECISION": "int8"})
-    stated = next(
-        g for g in json.loads((model_dir / "manifest.json").read_text())["graphs"] if g["precision"] == "int8"
-    )
+    stated = next(g for g in json.loads((model_dir / "manifest.json").read_text())["graphs"] if g["file"] == served)
     stated_error = stated["accuracy"]["max_abs_error_vs_fp32"]
-    assert "model 'm': graph model_int8.onnx (int8) on CPUExecutionProvider: canaries DISAGREE" in text, text
+    assert f"model 'm': graph {served} (int8) on CPUExecutionProvider: canaries DISAGREE" in text, text
     assert f"(allowed <= {stated_error * 1.5 + FP32_TOLERANCE:.3g}, the stated {stated_error:.3g} + 50%)" in text
     assert "max abs error" in text and "min cosine" in text and "ELMO_CANARY=warn" in text
 
@@ -99,12 +104,13 @@ def test_an_altered_fp32_graph_is_refused_at_the_fp32_bar(tiny_model_dir, tmp_pa
 
 
 def test_warn_serves_it_and_shows_the_figures(tiny_model_dir, tmp_path):
-    model_dir = altered(tiny_model_dir, tmp_path / "m", "model_int8.onnx", "w_input1_scale", lambda s: s * 1.2)
+    served = served_int8(tiny_model_dir)
+    model_dir = altered(tiny_model_dir, tmp_path / "m", served, "w_proj_scale", lambda s: s * 1.2)
     settings = {"ELMO_PRECISION": "int8", "ELMO_CANARY": "warn"}
     with running_server(model_dir, tmp_path, settings) as server, httpx.Client(base_url=server.url) as client:
         report = client.get("/info").json()["canary"]
         assert (report["graph"], report["provider"], report["checked"], report["passed"]) == (
-            "model_int8.onnx",
+            served,
             "CPUExecutionProvider",
             True,
             False,
@@ -149,7 +155,8 @@ def test_an_export_without_canaries_is_served_with_a_clear_log_line(tiny_model_d
 
 
 @pytest.mark.parametrize(
-    ("graph", "precision"), [("loop", "fp32"), ("loop", "int8"), ("window", "fp32"), ("window", "fp16")]
+    ("graph", "precision"),
+    [("loop", "fp32"), ("model_int8.onnx", "int8"), ("loop", "int8"), ("window", "fp32"), ("window", "fp16")],
 )
 def test_every_graph_of_a_fresh_export_passes(tiny_model_dir, graph, precision):
     engine = Engine(tiny_model_dir, provider="cpu", graph=graph, precision=precision, intra_op_threads=1)
