@@ -59,7 +59,6 @@ def test_every_export_has_an_int8_loop_graph_with_its_stated_cost(tiny_model_dir
     assert vnni["cpu_flags"] == ["avx512_vnni", "avx_vnni", "amx_int8"]
     assert vnni["quantization"] == INT8_VNNI.to_dict() == {
         "activations": "row8", "weights": "s8", "token_encoder": True, "bounded": True, "convolutions": True,
-        "fused": True,
     }  # fmt: skip
     for graph in (plain, vnni):
         accuracy = graph["accuracy"]
