@@ -52,8 +52,9 @@ INT8_FALLBACK = Int8(activations="row7", weights="s8", token_encoder=False)
 # accuracy to spend on fewer passes around the products (docs/performance.md, "The time around the products"):
 # the cell output at its bound and the char convolutions as integer products. Not `fused` (each step's input and
 # state in one product): that reads [w_input; w_hidden] at every step, and one sentence at a time, bound by the
-# weights it reads, ran at 0.78x the other graph's speed (docs/performance.md). Its accuracy is measured on its u8 x u8 twin (`u8_twin`: the same integers on any CPU), held to
-# INT8_GOAL as the other's, with INT8_VNNI_FALLBACK (the token encoder in fp32) where it misses.
+# weights it reads, ran at 0.78x main's int8 (docs/performance.md). Its accuracy is measured on its u8 x u8 twin
+# (`u8_twin`: the same integers on any CPU), held to INT8_GOAL as the other's, with INT8_VNNI_FALLBACK (the token
+# encoder in fp32) where it misses.
 INT8_VNNI = Int8(activations="row8", weights="s8", token_encoder=True, bounded=True, convolutions=True)
 INT8_VNNI_FALLBACK = Int8(activations="row8", weights="s8", token_encoder=False, bounded=True)
 INT8_VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
