@@ -299,16 +299,22 @@ def test_eight_punctuation_bombs_at_once_are_refused_in_bounded_memory(server, c
 
 
 def test_moses_never_runs_on_a_text_that_is_refused(tiny_model_dir, monkeypatch):
-    from service.api import app as app_module
     from service.api.app import create_app
     from service.settings import Settings
+    from service.tokenizing import TokenizingProcess
 
-    read = []  # the lengths of the texts Moses was given (the app hands Moses to its tokenizing turns)
-    monkeypatch.setattr(app_module, "tokenize", lambda text, language="en": read.append(len(text)) or text.split())
+    read = []  # the lengths of the texts Moses was given: what the tokenizing threads hand their processes
+    handed = TokenizingProcess.__call__
+
+    def spy(process, text, language):
+        read.append(len(text))
+        return handed(process, text, language)
+
+    monkeypatch.setattr(TokenizingProcess, "__call__", spy)
     settings = Settings(model_dir=tiny_model_dir, provider="cpu", intra_op_threads=1, inter_op_threads=1)
     app = create_app(settings)
 
-    async def send_all():  # in this process, so that the spy sees every call
+    async def send_all():  # in this process, so that the spy sees every text handed on
         async with (
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://app") as client,
