@@ -49,7 +49,7 @@ from bench.gpu import cpu_flags, host_cpu
 from service.engine.packing import PackedRows
 from service.engine.session import SPLIT_OUTPUTS, Engine, _WindowCalls
 from service.engine.token_cache import TokenCache
-from service.manifest import Graph, ModelInfo
+from service.manifest import GRAPH_VERSION, Graph, ModelInfo
 from service.settings import PROVIDER_BATCH_TOKENS
 from service.text.token_ids import BilmTfMapping
 
@@ -142,7 +142,7 @@ def null_engine(options: Path = FULL_OPTIONS, max_rows: int = 1024, token_cache:
 
     opt = load_options(options)
     manifest = {"num_layers": opt.num_output_layers, "output_dim": opt.output_dim, "architecture": opt.to_dict(),
-                "graph_version": 9}  # fmt: skip
+                "graph_version": GRAPH_VERSION}  # fmt: skip
     graph = Graph(Path("null.onnx"), "window", "fp32", WINDOW, {"file": "null.onnx"})
     info = ModelInfo(manifest, opt.num_output_layers, opt.output_dim, opt.max_chars, opt.proj_dim, (graph,),
                      BilmTfMapping(opt.max_chars))  # fmt: skip
