@@ -196,6 +196,28 @@ def test_a_model_folder_without_its_sums_is_refused(tmp_path, text, tiny_model_d
     ids=["none", "a-list", "not-an-object", "another-file"],
 )  # fmt: skip
 def test_a_manifest_naming_other_sources_is_unusable(tmp_path, tiny_model_dir, sources, named):
+    def change(manifest: dict) -> None:
+        if sources is None:
+            del manifest["sources"]
+        else:
+            manifest["sources"] = sources
+
+    assert named in _unusable_once_changed(tmp_path, tiny_model_dir, change)
+
+
+def test_an_export_cached_by_the_previous_graph_version_is_made_again(tmp_path, tiny_model_dir):
+    """Version 9's exports are still served as model folders (READABLE_GRAPH_VERSIONS), but one cached before
+    version 10 lacks its faster Loop bodies and the VNNI int8 graph: the cache makes it again, not reuse it."""
+    from service.manifest import GRAPH_VERSION, READABLE_GRAPH_VERSIONS
+
+    assert GRAPH_VERSION == 10 and 9 in READABLE_GRAPH_VERSIONS
+    why = _unusable_once_changed(tmp_path, tiny_model_dir, lambda manifest: manifest.update(graph_version=9))
+    assert why == "graph version 9, and this engine's is 10"
+
+
+def _unusable_once_changed(tmp_path: Path, tiny_model_dir: Path, change) -> str | None:
+    """Why the cache would not use the tiny model's export (usable as it is) once `change` has edited its
+    manifest."""
     from service.export_cache import unusable
 
     folder = tmp_path / NAME
@@ -203,26 +225,6 @@ def test_a_manifest_naming_other_sources_is_unusable(tmp_path, tiny_model_dir, s
     sums = inputs_hash(TINY / "options.json", TINY / "lm_weights.hdf5")[1]
     assert unusable(folder, sums) is None  # the same files' export
     manifest = json.loads((folder / "manifest.json").read_text())
-    if sources is None:
-        del manifest["sources"]
-    else:
-        manifest["sources"] = sources
+    change(manifest)
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    assert named in unusable(folder, sums)
-
-
-def test_an_export_cached_by_the_previous_graph_version_is_made_again(tmp_path, tiny_model_dir):
-    """Version 9's exports are still served as model folders (READABLE_GRAPH_VERSIONS), but one cached before
-    version 10 lacks its faster Loop bodies and the VNNI int8 graph: the cache makes it again, not reuse it."""
-    from service.export_cache import unusable
-    from service.manifest import GRAPH_VERSION, READABLE_GRAPH_VERSIONS
-
-    folder = tmp_path / NAME
-    shutil.copytree(tiny_model_dir, folder)
-    sums = inputs_hash(TINY / "options.json", TINY / "lm_weights.hdf5")[1]
-    assert unusable(folder, sums) is None
-    manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["graph_version"] == GRAPH_VERSION == 10 and 9 in READABLE_GRAPH_VERSIONS
-    manifest["graph_version"] = 9
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    assert unusable(folder, sums) == "graph version 9, and this engine's is 10"
+    return unusable(folder, sums)
