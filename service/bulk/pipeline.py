@@ -133,19 +133,8 @@ def embed_file(
     try:
         # forked before any stage's thread starts: a fork copies no other thread (nor a lock one of them would hold)
         process = _WriterProcess(partial, output, stop) if in_process else None
-        if process is None:
-            assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
-        else:
-            assembler = _Stage(stop, _assemble_into, finished, assembled, stop, process, output, early, np.dtype(dtype))
-        if output.format == "parquet":
-            shape = (engine.num_layers, engine.dim)
-            writing = _Stage(
-                stop, _write_parquet, partial, assembled, stop, bar, started, output, np.dtype(dtype), shape
-            )
-        else:
-            writing = _Stage(
-                stop, _write_behind, partial, assembled, stop, bar, started, output, np.dtype(dtype), process
-            )
+        assembler, writing = _assembler_and_writer(engine, partial, output, np.dtype(dtype), early, process,
+                                                   (finished, assembled), stop, bar, started)  # fmt: skip
         stages = (reader, assembler, writing)
         for stage in stages:
             stage.start()
@@ -158,15 +147,8 @@ def embed_file(
         replace_synced(partial, output_path)
     except BaseException as err:
         stop.set()  # every queue operation and stage loop checks it: the other threads end within POLL_S
-        for stage in stages:
-            if stage.is_alive() or stage.ident is not None:
-                stage.join()  # the writer closes the file before it is removed
-        if process is not None:
-            process.close()  # ended before its file is removed
-        partial.unlink(missing_ok=True)
-        # a _Stopped: another stage failed first
-        failure = next((stage.error for stage in stages if stage.error is not None), None)
-        if isinstance(err, _Stopped) and failure is not None:
+        failure = _wound_down(stages, process, partial)
+        if isinstance(err, _Stopped) and failure is not None:  # a _Stopped: another stage failed first
             raise failure from None
         raise
     finally:
@@ -176,6 +158,34 @@ def embed_file(
     sentences, tokens_total = writing.result
     seconds = time.perf_counter() - started
     return {"sentences": sentences, "tokens": tokens_total, "seconds": seconds, "tokens_per_s": tokens_total / seconds}
+
+
+def _wound_down(stages: tuple[_Stage, ...], process, partial: Path) -> BaseException | None:
+    """After a failure, once `stop` is set: every stage joined and the writer process ended before the partial
+    file is removed; returns the first stage's error, if one failed."""
+    for stage in stages:
+        if stage.is_alive() or stage.ident is not None:
+            stage.join()  # the writer closes the file before it is removed
+    if process is not None:
+        process.close()  # ended before its file is removed
+    partial.unlink(missing_ok=True)
+    return next((stage.error for stage in stages if stage.error is not None), None)
+
+
+def _assembler_and_writer(engine, partial: Path, output: Output, dtype: np.dtype, early, process, queues: tuple,
+                          stop: threading.Event, bar, started: float) -> tuple[_Stage, _Stage]:  # fmt: skip
+    """`embed_file`'s two stages after the engine, for its output: the assembler, from the engine's `finished`
+    queue to `assembled` (into the writer process's shared memory where there is one), and the writer (parquet,
+    or hdf5 from this process or through the writer process)."""
+    finished, assembled = queues
+    if process is None:
+        assembler = _Stage(stop, _assemble, finished, assembled, stop, early)
+    else:
+        assembler = _Stage(stop, _assemble_into, finished, assembled, stop, process, output, early, dtype)
+    if output.format == "parquet":
+        shape = (engine.num_layers, engine.dim)
+        return assembler, _Stage(stop, _write_parquet, partial, assembled, stop, bar, started, output, dtype, shape)
+    return assembler, _Stage(stop, _write_behind, partial, assembled, stop, bar, started, output, dtype, process)
 
 
 def refuse_output(path: Path) -> None:
