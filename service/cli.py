@@ -99,6 +99,12 @@ def _embed_parser() -> argparse.ArgumentParser:
         help="embed only the lines k with k mod N == I (lines and I counted from 0), keeping their line indexes "
         "as keys: N jobs with --shard 0/N ... N-1/N cover the input exactly once",
     )
+    _allennlp_flags(parser)
+    return parser
+
+
+def _allennlp_flags(parser: argparse.ArgumentParser) -> None:
+    """allennlp 0.9's `allennlp elmo` flags, each with its meaning there (docs/allennlp.md)."""
     allennlp = parser.add_argument_group("allennlp 0.9's `elmo` command's flags, with its meaning")
     layers = allennlp.add_mutually_exclusive_group()
     layers.add_argument("--all", dest="layers", action="store_const", const="all", help="every layer (default)")
@@ -114,7 +120,6 @@ def _embed_parser() -> argparse.ArgumentParser:
                           help="each line's stripped text names its dataset (no sentence_to_index)")  # fmt: skip
     allennlp.add_argument("--file-friendly-logging", action="store_true", help="as --no-progress")
     allennlp.add_argument("--vocab-path", help="accepted and ignored, as allennlp 0.9 does")
-    return parser
 
 
 def _cluster_flags(parser: argparse.ArgumentParser) -> None:
