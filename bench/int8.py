@@ -256,6 +256,22 @@ def profile_main(export: Path, model, schemes: list[str], sentences: int, thread
     print("\n".join(yardstick.lines(opt)))
 
 
+def measured_model(kind: str):
+    """`--model`'s export folder (made once) and its biLM: the full-size or the smaller published shape with random
+    weights, or the embedded default model."""
+    if kind in ("full", "small"):
+        folder = full_size_model(FULL_OPTIONS if kind == "full" else SMALL_OPTIONS)
+        export, options, weights = folder / "onnx", folder / "options.json", folder / "weights.hdf5"
+    else:
+        from model_export.export import export_published
+
+        options, weights = ROOT / "models/default/options.json", ROOT / "models/default/weights.hdf5"
+        export = BUILD / "default" / "onnx"
+        if not (export / "model_int8.onnx").exists():
+            export_published(options, weights, export)
+    return export, load_bilm(options, weights)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -275,17 +291,7 @@ def main() -> None:
     parser.add_argument("--made-up", type=int, default=0, help="the rates on this many made-up sentences")
     args = parser.parse_args()
 
-    if args.model in ("full", "small"):
-        folder = full_size_model(FULL_OPTIONS if args.model == "full" else SMALL_OPTIONS)
-        export, options, weights = folder / "onnx", folder / "options.json", folder / "weights.hdf5"
-    else:
-        from model_export.export import export_published
-
-        options, weights = ROOT / "models/default/options.json", ROOT / "models/default/weights.hdf5"
-        export = BUILD / "default" / "onnx"
-        if not (export / "model_int8.onnx").exists():
-            export_published(options, weights, export)
-    model = load_bilm(options, weights)
+    export, model = measured_model(args.model)
     if args.profile:
         schemes = PROFILED if args.schemes == DEFAULT else args.schemes.split(",")
         return profile_main(export, model, schemes, args.sentences, args.threads, args.rounds, args.baseline)
