@@ -9,8 +9,12 @@ parameters lets the loop be exactly what ONNX Runtime runs fastest (measured in 
   earlier batches (the output `token_vectors`); `index_fwd` (B, T) places rows of [encoded; cached];
 * each char convolution is one product over every token's char windows, not a Conv (bench.yardstick's profile),
   over the windows that hold a char of some token (past a token's end a window repeats its padding: one kept);
-* each layer's input-to-gate products for all time steps are one GEMM per direction before the loop
-  (the bias folded in); both directions share one loop;
+* each layer's input-to-gate products for all time steps are one GEMM per direction before the loop; both
+  directions share one loop;
+* a step's work between its products (the slice of the input products, the sums with the state's product and
+  the bias, the gates, the cell update) is one node, `ElmoCellStep` (`cell_function`): an ONNX function of
+  standard ops, which ONNX Runtime inlines, or, where the engine has registered it, this project's kernel of it
+  (service/engine/native/), one pass where the ops make a dozen;
 * no work on padding: rows are sorted longest first inside the graph, the input GEMM runs on the real
   positions only (PyTorch's PackedSequence layout) and step t computes only the rows still running;
 * the per-step weights are 2-D constants of the loop body, which ONNX Runtime pre-packs once: a step with
@@ -94,6 +98,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 PRECISIONS = ("fp32", "fp16", "int8")
 MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops: MatMulIntegerToFloat, DynamicQuantizeMatMul
+CELL_DOMAIN, CELL_OP = "ai.elmo", "ElmoCellStep"  # this project's own op (`cell_function`)
 
 
 @dataclass(frozen=True)
@@ -361,21 +366,21 @@ def _int64_zero() -> onnx.TensorProto:
 DIRECTIONS = ("fwd", "bwd")
 
 
-def _loop_body(opt, cells: list, gates_x: list, packed: _Packed, precision: str, int8, scope: str):
+def _loop_body(opt, cells: list, gates_x: list, biases: list, packed: _Packed, precision: str, int8, scope: str):
     """Step t of one layer, both directions, over the sentences still running (rows are sorted longest
     first, so they are the first active[t] rows). Per direction: (h, c) (B, P), (B, C) -> next (h, c),
-    and h as scan output. `gates_x`: each direction's input products (N, 4C), scaled and biased. The weights live
-    in the body as 2-D constants so ONNX Runtime pre-packs them once (see the module docstring). What a step reads
-    of the packed layout is one Gather each, shared by both directions: each node of the body runs at every step
-    (a node costs its own kernel's start and the Loop's scheduling of it, as much as a small pass: bench.int8
-    --profile)."""
+    and h as scan output. `gates_x`: each direction's input products (N, 4C), scaled, not biased (`Int8.fused`:
+    its input rows (N, P)); `biases`: each direction's gate bias (4C,). Between the state's product and the
+    projection, a step is one `CELL_OP` node (`cell_function`). The weights live in the body as 2-D constants so
+    ONNX Runtime pre-packs them once (see the module docstring). What a step reads of the packed layout is one
+    Gather each, shared by both directions: each node of the body runs at every step (a node costs its own kernel's
+    start and the Loop's scheduling of it, as much as a small pass: bench.int8 --profile)."""
     b = _Graph("step_", scope)
     p = _Precision(b, precision, int8)
     i64 = np.int64
     # [n_t, B - n_t], [first], [past the last packed row], [n_t]
     sizes, first, last, n = b.op("Split", b.op("Gather", packed.step_table, "t"), b.const([2, 1, 1, 1], "parts", i64),
                                  outputs=4)  # fmt: skip
-    rows = first, last, b.const([0], "axis", i64)  # the packed rows of step t
     zero_point = None
     if p.int8 and p.int8.activations != "tensor":  # each running row's centre, for every per-row quantization
         zero_point = b.op("Expand", b.const(p.int8.levels[1], "centre", np.uint8), n)
@@ -386,20 +391,21 @@ def _loop_body(opt, cells: list, gates_x: list, packed: _Packed, precision: str,
     ]
     outputs = [helper.make_tensor_value_info("cond_next", TensorProto.BOOL, [])]
     scans = []
-    for d, cell, gates in zip(DIRECTIONS, cells, gates_x, strict=True):
+    for d, cell, gates, bias in zip(DIRECTIONS, cells, gates_x, biases, strict=True):
         h_in, c_in = f"h_{d}", f"c_{d}"
         h_run, h_done = b.op("Split", h_in, sizes, axis=0, outputs=2)
         c_run, c_done = b.op("Split", c_in, sizes, axis=0, outputs=2)
-        if isinstance(gates, tuple):  # `Int8.fused`: the step's input rows and its state in one product
-            x, bias = gates
-            joint = b.op("Concat", b.op("Slice", x, *rows), h_run, axis=1)  # (n_t, 2P)
+        w_proj = p.matrix(_np(cell.w_proj), "w_proj")
+        if p.int8 and p.int8.fused:  # the step's input rows and its state in one product
+            joint = b.op("Concat", b.op("Slice", gates, first, last, b.const([0], "axis", i64)), h_run, axis=1)
             w_joint = p.matrix(np.concatenate([_np(cell.w_input), _np(cell.w_hidden)]), "w_joint")
-            gates_t = p.matmul(joint, w_joint, b.const(bias, "b_input"), zero_point=zero_point)
+            gates_t = p.matmul(joint, w_joint, b.const(bias, "b_input"), zero_point=zero_point)  # (n_t, 2P)
+            h, c = _cell_step(p, opt, w_proj, gates_t, c_run, zero_point)
         else:
-            gates_x_t = b.op("Slice", gates, *rows)  # (n_t, 4C): the packed rows of step t
-            w_hidden = p.matrix(_np(cell.w_hidden), "w_hidden")
-            gates_t = b.op("Add", gates_x_t, p.matmul(h_run, w_hidden, zero_point=zero_point))
-        h, c = _cell_step(p, opt, p.matrix(_np(cell.w_proj), "w_proj"), gates_t, c_run, zero_point)
+            gates_h = p.matmul(h_run, p.matrix(_np(cell.w_hidden), "w_hidden"), zero_point=zero_point)  # (n_t, 4C)
+            c, m = b.op(CELL_OP, gates, first, last, gates_h, b.const(bias, "b_gates"), c_run, outputs=2,
+                        domain=CELL_DOMAIN, cell_clip=float(opt.cell_clip or 0.0))  # fmt: skip
+            h = _projected(p, opt, w_proj, m, zero_point)
         b.op("Concat", h, h_done, axis=0, out=[f"h_{d}_next"])  # finished rows keep their state: never read
         b.op("Concat", c, c_done, axis=0, out=[f"c_{d}_next"])
         b.op("Identity", f"h_{d}_next", out=[f"h_{d}_scan"])
@@ -408,6 +414,39 @@ def _loop_body(opt, cells: list, gates_x: list, packed: _Packed, precision: str,
         scans.append(helper.make_tensor_value_info(f"h_{d}_scan", f32, None))
     b.op("Identity", "cond", out=["cond_next"])
     return helper.make_graph(b.nodes, "step", inputs, outputs + scans, initializer=b.initializers)
+
+
+def cell_function(cell_clip: float) -> onnx.FunctionProto:
+    """ElmoCellStep, one step of the projected LSTM cell between its products, as an ONNX function of standard ops:
+    (gates_x (N, 4C), first, last (1,), gates_h (n, 4C), bias (4C,), c (n, C)) -> (c', m), c' = clip(sigmoid(f) * c
+    + sigmoid(i) * tanh(j)), m = sigmoid(o) * tanh(c'), the gates (gates_x[first:last] + bias) + gates_h in the
+    order i, j, f, o. ONNX Runtime inlines a model's function where no kernel of that name is registered, so the
+    graph runs as the ops below anywhere; an engine that loads this project's kernel of it
+    (service/engine/native/cell_step.cc) makes the step one pass over the gates instead of a dozen."""
+    g = _Graph("cell_")
+
+    def constant(value, dtype) -> str:  # a function has no initializers
+        return g.op("Constant", value=numpy_helper.from_array(np.array(value, dtype)))
+
+    gates_x, first, last, gates_h, bias, c = "gates_x", "first", "last", "gates_h", "bias", "c"
+    gates = g.op("Add", g.op("Add", g.op("Slice", gates_x, first, last, constant([0], np.int64)), bias), gates_h)
+    i, j, f, o = g.op("Split", gates, outputs=4, axis=1)
+    update = g.op("Mul", g.op("Sigmoid", f), c), g.op("Mul", g.op("Sigmoid", i), g.op("Tanh", j))
+    if cell_clip:
+        c_next = g.op("Clip", g.op("Add", *update), constant(-cell_clip, np.float32), constant(cell_clip, np.float32),
+                      out=["c_next"])  # fmt: skip
+    else:
+        c_next = g.op("Add", *update, out=["c_next"])
+    g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c_next), out=["m"])
+    return helper.make_function(
+        CELL_DOMAIN,
+        CELL_OP,
+        [gates_x, first, last, gates_h, bias, c],
+        ["c_next", "m"],
+        g.nodes,
+        [helper.make_opsetid("", OPSET)],
+        attributes=["cell_clip"],
+    )
 
 
 def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = None) -> onnx.ModelProto:
@@ -454,7 +493,8 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
         g.op("Gather", g.op("Transpose", stacked, perm=[0, 2, 1, 3]), unsort, axis=1, out=[f"layers_{d}"])
         graph_outputs.append(helper.make_tensor_value_info(f"layers_{d}", f32, shape))
     graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
-    return _model(g, "elmo_bilm", graph_inputs, graph_outputs, ms_domain=p.int8 is not None)
+    cell_clip = None if p.int8 and p.int8.fused else float(opt.cell_clip or 0.0)  # where the bodies have CELL_OP
+    return _model(g, "elmo_bilm", graph_inputs, graph_outputs, ms_domain=p.int8 is not None, cell_clip=cell_clip)
 
 
 def _longest_first(g: _Graph) -> tuple[str, str, str]:
@@ -479,7 +519,6 @@ class _Packed:
     # splits; the first and past the last packed row of the step; the rows running again
     step_table: str
     index: str  # (N,): each real position's index into the (T*B) positions
-    ones: str  # (N, 1): a column of ones, for the bias in the product
     flat_shape: str  # [-1, P]
 
 
@@ -497,9 +536,7 @@ def _packed_layout(g: _Graph, x: str, lengths: str, proj: int) -> _Packed:
     done = g.op("Sub", batch, active)
     table = g.op("Concat", active, done, offsets, g.op("Add", offsets, active), active, axis=1)  # (T, 5)
     index = g.op("Add", g.op("Mul", t_idx, g.op("Squeeze", batch, axis0)), b_idx)  # (N,) into T*B
-    one = g.const(1.0, "one")
-    ones = g.op("Expand", one, g.op("Concat", g.op("Shape", index), g.const([1], "n", i64), axis=0))  # (N, 1)
-    return _Packed(steps, table, index, ones, g.const([-1, proj], "flat", i64))
+    return _Packed(steps, table, index, g.const([-1, proj], "flat", i64))
 
 
 def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, start, order, unsort, graph_inputs,
@@ -508,28 +545,23 @@ def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, star
     its state (the initial one where `start`, else the row's given one), the Loop over time; returns each
     direction's outputs (T, B, P), and names the state inputs and outputs it adds."""
     g, f32 = p.g, TensorProto.FLOAT
-    gates_x, states = [], []
+    gates_x, biases, states = [], [], []
     for d, cell, x_d in zip(DIRECTIONS, cells, inputs, strict=True):
-        bias = _np(cell.bias)[None, :]
-        bias[:, 2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+        bias = _np(cell.bias)
+        bias[2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
+        biases.append(bias)
         rows = g.op("Gather", g.op("Reshape", x_d, packed.flat_shape), packed.index)  # (N, P): real positions
         if p.int8 and p.int8.fused:  # the products in the loop (`_loop_body`)
-            gates_x.append((rows, bias[0]))
-        elif p.int8:  # each row scaled in the product's kernel, the bias after (per tensor: in the kernel too)
-            w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
-            gates_x.append(p.matmul(rows, w_input, g.const(bias[0], f"b_input{k}")))  # (N, 4C)
-        else:
-            # The bias rides in the GEMM as a row of weights times a column of ones: adding it afterwards would
-            # be another pass over the largest tensor of the model.
-            w_input = g.const(np.concatenate([_np(cell.w_input), bias]), f"w_input{k}")  # (P+1, 4C)
-            gates_x.append(g.op("MatMul", g.op("Concat", rows, packed.ones, axis=1), w_input))  # (N, 4C)
+            gates_x.append(rows)
+        else:  # the bias is added in the step, with the state's product (`cell_function`): no pass of its own
+            gates_x.append(p.matmul(rows, p.matrix(_np(cell.w_input), f"w_input{k}")))  # (N, 4C)
         for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
             name = f"{kind}_{d}{k}"
             graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
             graph_outputs.append(helper.make_tensor_value_info(f"{name}_next", f32, ["batch", size]))
             given = g.op("Gather", name, order, axis=0)
             states.append(g.op("Where", start, g.const(_np(initial)[None, :], f"{kind}0_{k}"), given))
-    body = _loop_body(opt, cells, gates_x, packed, p.precision, p.int8, f"lstm{k}/step")
+    body = _loop_body(opt, cells, gates_x, biases, packed, p.precision, p.int8, f"lstm{k}/step")
     *final, fwd, bwd = g.op("Loop", packed.steps, g.const(True, "true", np.bool_), *states, outputs=6, body=body)
     for name, state in zip(("h_fwd", "c_fwd", "h_bwd", "c_bwd"), final, strict=True):
         g.op("Gather", state, unsort, axis=0, out=[f"{name}{k}_next"])  # each row's state after its last
@@ -549,13 +581,19 @@ def _cell_step(p: _Precision, opt, w_proj, gates: str, c: str, zero_point: str |
     if opt.cell_clip:
         c = g.op("Clip", c, g.const(-opt.cell_clip, "lo"), g.const(opt.cell_clip, "hi"))
     m = g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c))  # within (-1, 1)
+    return _projected(p, opt, w_proj, m, zero_point), c
+
+
+def _projected(p: _Precision, opt, w_proj, m: str, zero_point: str | None = None) -> str:
+    """The cell output m (B, C) projected, and clipped where the model clips it."""
+    g = p.g
     if p.int8 and p.int8.bounded_cell:
         h = p.matmul_bounded(m, w_proj, 1.0)
     else:
         h = p.matmul(m, w_proj, zero_point=zero_point)
     if opt.proj_clip:
         h = g.op("Clip", h, g.const(-opt.proj_clip, "lo"), g.const(opt.proj_clip, "hi"))
-    return h, c
+    return h
 
 
 def build_window_model(model: BiLM, window: int, precision: str = "fp32") -> onnx.ModelProto:
@@ -708,9 +746,15 @@ def u8_twin(model_proto: onnx.ModelProto) -> onnx.ModelProto:
     return model_proto
 
 
-def _model(g: _Graph, name: str, inputs: list, outputs: list, ms_domain: bool) -> onnx.ModelProto:
+def _model(g: _Graph, name: str, inputs: list, outputs: list, ms_domain: bool, cell_clip: float | None = None):
+    """The model of graph `g`; `cell_clip` (where the Loop bodies have `CELL_OP` nodes): the model's cell clip, for
+    the op's ONNX function (`cell_function`)."""
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.initializers)
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS_DOMAIN, 1)] if ms_domain else [])
-    model_proto = helper.make_model(graph, opset_imports=opsets, producer_name="elmo-export")
+    functions = []
+    if cell_clip is not None:
+        opsets.append(helper.make_opsetid(CELL_DOMAIN, 1))
+        functions.append(cell_function(cell_clip))
+    model_proto = helper.make_model(graph, opset_imports=opsets, producer_name="elmo-export", functions=functions)
     model_proto.ir_version = IR_VERSION
     return model_proto
