@@ -1,0 +1,275 @@
+// ElmoCellStep: one step of ELMo's projected LSTM cell, everything between the step's products, in one pass.
+//
+// ONNX Runtime's CPU kernels make the cell's pointwise work one node at a time: the slice of the step's input
+// products, their sum with the state's product and the bias, the 4-way split of the gates, three sigmoids, two
+// tanhs, the cell update and its clip, each a pass over (rows, 4 x cell) or (rows, cell) values, at every step
+// (docs/performance.md, "The time around the products"). This op reads each gate once and writes the new cell
+// state and the cell output once:
+//
+//   inputs  gates_x (N, 4C) float: the input products of every packed position (no bias);
+//           first   (1,) int64:    the first packed row of this step;
+//           last    (1,) int64:    past its last (first + n);
+//           gates_h (n, 4C) float: the running rows' state products;
+//           bias    (4C,) float:   the gates' bias, the forget bias included;
+//           c       (n, C) float:  the running rows' cell state.
+//   outputs c_next  (n, C): clip(sigmoid(f) * c + sigmoid(i) * tanh(j), cell_clip) (cell_clip 0: no clip);
+//           m       (n, C): sigmoid(o) * tanh(c_next), the projection's input.
+//   Gates in the order i, j, f, o (model_export/bilm.py).
+//
+// No ONNX Runtime header is needed, nor shipped by its Python wheel: the library binds to the C API by position.
+// ONNX Runtime's OrtApi is a table of function pointers that only ever grows at its end (its ABI promise): the
+// library asks for version 1 of it, whose positions have not moved since ONNX Runtime 1.0, and for version 17 for
+// the one entry it adds (KernelContext_ParallelFor: the session's intra-op threads; without it, one thread).
+// The op describes itself as a version 13 OrtCustomOp (no variadic inputs, no shape inference).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+// ---- the C API by position (version 1) ----------------------------------------------------------------------
+struct OrtApi;
+struct OrtStatus;
+struct OrtValue;
+struct OrtKernelInfo;
+struct OrtKernelContext;
+struct OrtSessionOptions;
+struct OrtCustomOpDomain;
+struct OrtTensorTypeAndShapeInfo;
+
+struct OrtApiBase {
+  const OrtApi* (*GetApi)(uint32_t version);
+  const char* (*GetVersionString)();
+};
+
+enum ElementType : int { kFloat = 1, kInt64 = 7 };  // ONNXTensorElementDataType: ONNX's TensorProto numbering
+
+struct OrtCustomOp {  // the fields of version 13 of the API: a runtime reads no more of an op that says 13
+  uint32_t version;
+  void* (*CreateKernel)(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info);
+  const char* (*GetName)(const OrtCustomOp* op);
+  const char* (*GetExecutionProviderType)(const OrtCustomOp* op);
+  ElementType (*GetInputType)(const OrtCustomOp* op, size_t index);
+  size_t (*GetInputTypeCount)(const OrtCustomOp* op);
+  ElementType (*GetOutputType)(const OrtCustomOp* op, size_t index);
+  size_t (*GetOutputTypeCount)(const OrtCustomOp* op);
+  void (*KernelCompute)(void* kernel, OrtKernelContext* context);
+  void (*KernelDestroy)(void* kernel);
+  int (*GetInputCharacteristic)(const OrtCustomOp* op, size_t index);  // 0: required
+  int (*GetOutputCharacteristic)(const OrtCustomOp* op, size_t index);
+  int (*GetInputMemoryType)(const OrtCustomOp* op, size_t index);  // 0: the provider's default
+};
+
+// positions in OrtApi (onnxruntime_c_api.h, `struct OrtApi`, counted from 0)
+enum Position : size_t {
+  kGetErrorMessage = 2,
+  kCreateCustomOpDomain = 26,
+  kCustomOpDomainAdd = 27,
+  kAddCustomOpDomain = 28,
+  kKernelInfoGetAttributeFloat = 85,
+  kKernelContextGetInput = 90,
+  kKernelContextGetOutput = 91,
+  kGetTensorMutableData = 51,
+  kGetTensorTypeAndShape = 65,
+  kGetDimensionsCount = 61,
+  kGetDimensions = 62,
+  kReleaseTensorTypeAndShapeInfo = 99,
+  kReleaseStatus = 93,
+  kKernelContextParallelFor = 274,  // version 17 (ONNX Runtime 1.17)
+};
+
+const OrtApi* g_api17 = nullptr;  // version 17 of the table, where the runtime has it
+
+template <typename F>
+F entry(const OrtApi* api, Position at) {
+  return reinterpret_cast<F>(reinterpret_cast<void* const*>(api)[at]);
+}
+
+void check(const OrtApi* api, OrtStatus* status) {
+  if (status == nullptr) return;
+  std::string message = entry<const char* (*)(const OrtStatus*)>(api, kGetErrorMessage)(status);
+  entry<void (*)(OrtStatus*)>(api, kReleaseStatus)(status);
+  throw std::runtime_error("ElmoCellStep: " + message);
+}
+
+struct Tensor {
+  float* data = nullptr;
+  int64_t dims[2] = {0, 0};
+  size_t rank = 0;
+};
+
+Tensor input(const OrtApi* api, OrtKernelContext* context, size_t index) {
+  const OrtValue* value = nullptr;
+  check(api, entry<OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**)>(api, kKernelContextGetInput)(
+                 context, index, &value));
+  Tensor t;
+  void* data = nullptr;
+  check(api, entry<OrtStatus* (*)(OrtValue*, void**)>(api, kGetTensorMutableData)(const_cast<OrtValue*>(value), &data));
+  t.data = static_cast<float*>(data);
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(api, entry<OrtStatus* (*)(const OrtValue*, OrtTensorTypeAndShapeInfo**)>(api, kGetTensorTypeAndShape)(value, &info));
+  OrtStatus* status = entry<OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, size_t*)>(api, kGetDimensionsCount)(info, &t.rank);
+  if (status == nullptr && t.rank <= 2)
+    status = entry<OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t)>(api, kGetDimensions)(info, t.dims, t.rank);
+  entry<void (*)(OrtTensorTypeAndShapeInfo*)>(api, kReleaseTensorTypeAndShapeInfo)(info);
+  check(api, status);
+  if (t.rank > 2) throw std::runtime_error("ElmoCellStep: input " + std::to_string(index) + " has rank > 2");
+  return t;
+}
+
+float* output(const OrtApi* api, OrtKernelContext* context, size_t index, int64_t rows, int64_t columns) {
+  const int64_t dims[2] = {rows, columns};
+  OrtValue* value = nullptr;
+  check(api, entry<OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**)>(
+                 api, kKernelContextGetOutput)(context, index, dims, 2, &value));
+  void* data = nullptr;
+  check(api, entry<OrtStatus* (*)(OrtValue*, void**)>(api, kGetTensorMutableData)(value, &data));
+  return static_cast<float*>(data);
+}
+
+// ---- the arithmetic ------------------------------------------------------------------------------------------
+// exp by range reduction, x = n ln2 + r with |r| <= ln2 / 2, and exp(r) by its Taylor series to r^7 (relative
+// error 5e-9, below float's 6e-8): plain arithmetic, so the compiler vectorizes the row's loop for each target.
+__attribute__((always_inline)) inline float exp_reduced(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // not fmin/fmax: their NaN rules keep loops scalar
+  // n = round(x / ln2) by adding and taking away 1.5 * 2^23 (float's rounding to nearest does the rounding): SSE2
+  // has no vector floor, and every vector width has adds
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  // ln2 in two parts, n * hi exact; the sums of products below become FMAs where the target has them
+  // (-ffp-contract=fast), plain products and sums where it has not (no call to a software fma)
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+__attribute__((always_inline)) inline float sigmoid(float x) { return 1.0f / (1.0f + exp_reduced(-x)); }
+__attribute__((always_inline)) inline float tanh_(float x) { return 2.0f / (1.0f + exp_reduced(-2.0f * x)) - 1.0f; }
+
+// `count` cells of one row: gate g of cell k at x[g * stride + k] (and h's); c, c_next and m at [k].
+#if defined(__x86_64__)
+// one library for every x86-64: the loop compiled for AVX-512, for AVX2 with FMA and for plain SSE2, the CPU's
+// own chosen when the library loads
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void cells(const float* __restrict x, const float* __restrict h, const float* __restrict bias,
+           const float* __restrict c, float* __restrict c_next, float* __restrict m, int64_t stride, int64_t count,
+           float clip) {
+  const float lo = clip > 0 ? -clip : -INFINITY;
+  const float hi = clip > 0 ? clip : INFINITY;
+  for (int64_t k = 0; k < count; ++k) {
+    // (input product + bias) + state product: the order of the op's standard ops
+    const float i = sigmoid((x[k] + bias[k]) + h[k]);
+    const float j = tanh_((x[stride + k] + bias[stride + k]) + h[stride + k]);
+    const float f = sigmoid((x[2 * stride + k] + bias[2 * stride + k]) + h[2 * stride + k]);
+    const float o = sigmoid((x[3 * stride + k] + bias[3 * stride + k]) + h[3 * stride + k]);
+    float next = f * c[k] + i * j;
+    next = next < lo ? lo : (next > hi ? hi : next);
+    c_next[k] = next;
+    m[k] = o * tanh_(next);
+  }
+}
+
+// A step's work in blocks of a row's cells, for the thread pool: a block is 1,024 cells (about 5 us of one core).
+constexpr int64_t kBlock = 1024;
+
+struct Step {
+  const float *gates_x, *gates_h, *bias, *c;
+  float *c_next, *m;
+  int64_t cell, blocks;
+  float clip;
+};
+
+void run_block(void* data, size_t index) {
+  const Step& s = *static_cast<const Step*>(data);
+  const int64_t row = static_cast<int64_t>(index) / s.blocks, k = static_cast<int64_t>(index) % s.blocks * kBlock;
+  const int64_t count = std::min(kBlock, s.cell - k);
+  cells(s.gates_x + row * 4 * s.cell + k, s.gates_h + row * 4 * s.cell + k, s.bias + k, s.c + row * s.cell + k,
+        s.c_next + row * s.cell + k, s.m + row * s.cell + k, s.cell, count, s.clip);
+}
+
+struct Kernel {
+  const OrtApi* api;
+  float clip;
+};
+
+void* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info) {
+  float clip = 0;
+  OrtStatus* status = entry<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(
+      api, kKernelInfoGetAttributeFloat)(info, "cell_clip", &clip);
+  if (status != nullptr) {  // no such attribute: no clip
+    entry<void (*)(OrtStatus*)>(api, kReleaseStatus)(status);
+    clip = 0;
+  }
+  return new Kernel{api, clip};
+}
+
+void compute(void* state, OrtKernelContext* context) {
+  const auto* kernel = static_cast<Kernel*>(state);
+  const OrtApi* api = kernel->api;
+  const Tensor gates_x = input(api, context, 0), first = input(api, context, 1), last = input(api, context, 2),
+               gates_h = input(api, context, 3), bias = input(api, context, 4), c = input(api, context, 5);
+  const int64_t rows = c.dims[0], cell = c.dims[1];
+  const int64_t start = *reinterpret_cast<const int64_t*>(first.data);
+  const int64_t end = *reinterpret_cast<const int64_t*>(last.data);
+  if (gates_x.rank != 2 || gates_h.rank != 2 || c.rank != 2 || bias.rank != 1 || gates_x.dims[1] != 4 * cell ||
+      gates_h.dims[1] != 4 * cell || bias.dims[0] != 4 * cell || gates_h.dims[0] != rows || start < 0 ||
+      end != start + rows || end > gates_x.dims[0])
+    throw std::runtime_error("ElmoCellStep: inputs of inconsistent shapes");
+  Step step{gates_x.data + start * 4 * cell, gates_h.data, bias.data, c.data, output(api, context, 0, rows, cell),
+            output(api, context, 1, rows, cell), cell, (cell + kBlock - 1) / kBlock, kernel->clip};
+  const size_t total = static_cast<size_t>(rows * step.blocks);
+  if (g_api17 != nullptr && total > 1) {
+    check(api, entry<OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*)>(
+                   g_api17, kKernelContextParallelFor)(context, run_block, total, 0, &step));
+  } else {
+    for (size_t index = 0; index < total; ++index) run_block(&step, index);
+  }
+}
+
+const OrtCustomOp kCellStep = {
+    13,
+    create_kernel,
+    [](const OrtCustomOp*) { return "ElmoCellStep"; },
+    [](const OrtCustomOp*) -> const char* { return nullptr; },  // the CPU provider
+    [](const OrtCustomOp*, size_t index) { return index == 1 || index == 2 ? kInt64 : kFloat; },
+    [](const OrtCustomOp*) -> size_t { return 6; },
+    [](const OrtCustomOp*, size_t) { return kFloat; },
+    [](const OrtCustomOp*) -> size_t { return 2; },
+    compute,
+    [](void* kernel) { delete static_cast<Kernel*>(kernel); },
+    [](const OrtCustomOp*, size_t) { return 0; },
+    [](const OrtCustomOp*, size_t) { return 0; },
+    [](const OrtCustomOp*, size_t) { return 0; },
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
+                                                                               const OrtApiBase* base) {
+  const OrtApi* api = base->GetApi(1);
+  g_api17 = base->GetApi(17);  // null on a runtime older than 1.17
+  static OrtCustomOpDomain* domain = nullptr;  // lives as long as the process: sessions keep pointing at it
+  if (domain == nullptr) {
+    OrtStatus* status = entry<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(api, kCreateCustomOpDomain)(
+        "ai.elmo", &domain);
+    if (status != nullptr) return status;
+    status = entry<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(api, kCustomOpDomainAdd)(domain, &kCellStep);
+    if (status != nullptr) return status;
+  }
+  return entry<OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*)>(api, kAddCustomOpDomain)(options, domain);
+}
