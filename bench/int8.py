@@ -54,7 +54,7 @@ import numpy as np
 import onnx
 
 from bench.common import BUILD, FULL_OPTIONS, ROOT, fixture_sentences, full_size_model, in_turn
-from bench.yardstick import Yardstick, bulk_batches, made_up_sentences, node_times, profiled_engine
+from bench.yardstick import INLINED, Yardstick, bulk_batches, made_up_sentences, node_times, profiled_engine
 from model_export.export import CHECK_SENTENCES, INT8, INT8_VNNI
 from model_export.onnx_graph import Int8, build_onnx_model
 from model_export.weights import load_bilm
@@ -176,6 +176,8 @@ FLOAT_PRODUCTS = ("MatMul", "FusedMatMul", "Gemm", "FusedGemm", "Conv", "FusedCo
 def part(name: str) -> str:
     """Where in the model a node is, from its name's scope (model_export/onnx_graph.py names them)."""
     scope = name.split("/", 1)[0] if "/" in name else ""
+    if name.startswith(INLINED):  # a node of an ONNX function's body, which only the Loop steps call
+        return "LSTM step (in the Loop)"
     if scope.startswith(("char_cnn", "highway", "projection")):
         return "token encoder"
     if scope.startswith("lstm"):
@@ -221,11 +223,12 @@ def fp32_built(export: Path, model) -> Path:
 
 
 def profile_main(export: Path, model, schemes: list[str], sentences: int, threads: int, rounds: int,
-                 baseline: Path | None = None) -> None:  # fmt: skip
+                 baseline: Path | None = None, ops: bool = False) -> None:  # fmt: skip
     """The profile of `export`'s fp32 graph and of each int8 candidate (`export`: the export's own int8 graph),
     every batch run by each engine in turn, the yardstick (its ceilings of the model's FLOPs) before and after.
     `baseline`: an export of the same model by other code (e.g. main's), whose fp32 and int8 graphs are profiled
-    first, in the same turns; the fp32 graph is then this tree's, built afresh."""
+    first, in the same turns; the fp32 graph is then this tree's, built afresh. `ops`: each graph also without
+    the ElmoCellStep kernel (`NAME-ops`: the op computed by its standard ops, as where no kernel was built)."""
     runs = {}
     if baseline:
         runs = {"baseline-fp32": (baseline, "fp32", "auto"), "baseline-int8": (baseline, "int8", "auto")}
@@ -235,6 +238,8 @@ def profile_main(export: Path, model, schemes: list[str], sentences: int, thread
             runs[name] = (export, "int8", EXPORT_GRAPHS[name])
         else:
             runs[name] = (build(name, export, model)[0], "int8", "auto")
+    if ops:
+        runs |= {f"{name}-ops": run for name, run in runs.items() if not name.startswith("baseline")}
     batches = bulk_batches(made_up_sentences(sentences, seed=1))
     tokens = rounds * sum(len(s) for batch in batches for s in batch)
     opt = model.options
@@ -242,8 +247,8 @@ def profile_main(export: Path, model, schemes: list[str], sentences: int, thread
     print("\n".join(yardstick.lines(opt)), flush=True)
     print(f"{sentences} made-up sentences x {rounds} rounds, {tokens} tokens (distinct within a round), "
           f"{len(batches)} batches a round, {threads} threads, every batch run by each engine in turn")  # fmt: skip
-    engines = {name: profiled_engine(folder, precision, threads, graph=graph) for name, (folder, precision, graph)
-               in runs.items()}  # fmt: skip
+    engines = {name: profiled_engine(folder, precision, threads, graph=graph, cell_kernel=not name.endswith("-ops"))
+               for name, (folder, precision, graph) in runs.items()}  # fmt: skip
     for engine in engines.values():
         engine.run(batches[0])  # the warm-up call, left out
     for _ in range(rounds):
@@ -288,13 +293,18 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=120, help="--profile: made-up sentences profiled")
     parser.add_argument("--rounds", type=int, default=2, help="--profile: passes over the sentences")
     parser.add_argument("--baseline", type=Path, help="also an export of the same model by other code")
+    parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="--profile: each graph also without the ElmoCellStep kernel (its standard ops)",
+    )
     parser.add_argument("--made-up", type=int, default=0, help="the rates on this many made-up sentences")
     args = parser.parse_args()
 
     export, model = measured_model(args.model)
     if args.profile:
         schemes = PROFILED if args.schemes == DEFAULT else args.schemes.split(",")
-        return profile_main(export, model, schemes, args.sentences, args.threads, args.rounds, args.baseline)
+        return profile_main(export, model, schemes, args.sentences, args.threads, args.rounds, args.baseline, args.ops)
     opt = model.options
     yardstick = Yardstick(args.threads)
     print("\n".join(yardstick.lines(opt)), flush=True)
