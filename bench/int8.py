@@ -228,7 +228,7 @@ def profile_main(export: Path, model, schemes: list[str], sentences: int, thread
     every batch run by each engine in turn, the yardstick (its ceilings of the model's FLOPs) before and after.
     `baseline`: an export of the same model by other code (e.g. main's), whose fp32 and int8 graphs are profiled
     first, in the same turns; the fp32 graph is then this tree's, built afresh. `ops`: each graph also without
-    the ElmoCellStep kernel (`NAME-ops`: the op computed by its standard ops, as where no kernel was built)."""
+    this project's kernels (`NAME-ops`: its own ops computed by their standard ops, as where none was built)."""
     runs = {}
     if baseline:
         runs = {"baseline-fp32": (baseline, "fp32", "auto"), "baseline-int8": (baseline, "int8", "auto")}
@@ -247,7 +247,7 @@ def profile_main(export: Path, model, schemes: list[str], sentences: int, thread
     print("\n".join(yardstick.lines(opt)), flush=True)
     print(f"{sentences} made-up sentences x {rounds} rounds, {tokens} tokens (distinct within a round), "
           f"{len(batches)} batches a round, {threads} threads, every batch run by each engine in turn")  # fmt: skip
-    engines = {name: profiled_engine(folder, precision, threads, graph=graph, cell_kernel=not name.endswith("-ops"))
+    engines = {name: profiled_engine(folder, precision, threads, graph=graph, kernels=not name.endswith("-ops"))
                for name, (folder, precision, graph) in runs.items()}  # fmt: skip
     for engine in engines.values():
         engine.run(batches[0])  # the warm-up call, left out
@@ -296,7 +296,7 @@ def main() -> None:
     parser.add_argument(
         "--ops",
         action="store_true",
-        help="--profile: each graph also without the ElmoCellStep kernel (its standard ops)",
+        help="--profile: each graph also without this project's kernels (their ops' standard ops)",
     )
     parser.add_argument("--made-up", type=int, default=0, help="the rates on this many made-up sentences")
     args = parser.parse_args()

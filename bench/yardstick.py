@@ -224,8 +224,8 @@ def profiled_engine(model: Path, precision: str, threads: int, **engine):
 
     original = session_module.session_options
 
-    def profiled(intra: int, inter: int, cell_kernel: bool = True):
-        options = original(intra, inter, cell_kernel)
+    def profiled(intra: int, inter: int, kernels: bool = True):
+        options = original(intra, inter, kernels)
         options.enable_profiling = True
         options.profile_file_prefix = str(BUILD_PROFILES / f"{Path(model).name}-{precision}")
         return options

@@ -80,6 +80,10 @@ class _Graph:
         self._count += 1
         return f"{self._prefix}{hint}_{self._count}"
 
+    def constant(self, value, dtype=np.float32) -> str:
+        """A Constant node's output: a value in an ONNX function's body, which has no initializers."""
+        return self.op("Constant", value=numpy_helper.from_array(np.array(value, dtype)))
+
     def const(self, value, hint: str = "c", dtype=np.float32) -> str:
         name = self._name(hint)
         self.initializers.append(numpy_helper.from_array(np.array(value, dtype=dtype, order="C"), name))
@@ -98,7 +102,8 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 PRECISIONS = ("fp32", "fp16", "int8")
 MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops: MatMulIntegerToFloat, DynamicQuantizeMatMul
-CELL_DOMAIN, CELL_OP = "ai.elmo", "ElmoCellStep"  # this project's own op (`cell_function`)
+# this project's own ops, each defined in standard ops as an ONNX function (`cell_function`, `quantize_function`)
+CELL_DOMAIN, CELL_OP, QUANTIZE_OP = "ai.elmo", "ElmoCellStep", "ElmoQuantizeRows"
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,12 @@ class Int8:
     def levels(self) -> tuple[int, int]:
         """A row's quantized values: (top, centre), x ~ (q - centre) * peak / top."""
         return (63, 64) if self.activations == "row7" else (127, 128)
+
+    @property
+    def quantize_attributes(self) -> dict:
+        """`QUANTIZE_OP`'s attributes for this scheme's rows."""
+        top, centre = self.levels
+        return {"top": float(top), "centre": centre}
 
     @property
     def bounded_cell(self) -> bool:
@@ -204,25 +215,17 @@ class _Precision:
     def up(self, x: str) -> str:
         return self.g.op("Cast", x, to=TensorProto.FLOAT) if self.half else x
 
-    def matmul(self, x: str, w, bias: str | None = None, zero_point: str | None = None):
-        """x (fp32) @ w (a `matrix`) (+ bias, fp32, in int8 only) -> fp32. In int8 per row, `zero_point`: the
-        centre for each of x's rows, (M,) uint8, where the caller has it (the Loop body makes it once a step)."""
+    def matmul(self, x: str, w, bias: str | None = None):
+        """x (fp32) @ w (a `matrix`) (+ bias, fp32, in int8 only) -> fp32. In int8 per row, x is quantized by one
+        `QUANTIZE_OP` node (`quantize_function`)."""
         if not self.int8:
             return self.up(self.g.op("MatMul", self.down(x), w))
         g, (values, scale, zero) = self.g, w
         if self.int8.activations == "tensor":
             return g.op("DynamicQuantizeMatMul", x, values, scale, zero, *([bias] if bias else []), domain=MS_DOMAIN)
-        top, centre = self.int8.levels
         # each row's own scale, so that a row's numbers do not depend on the other rows
-        peak = g.op("Max", g.op("ReduceMax", g.op("Abs", x), axes=[1], keepdims=1), g.const(1e-30, "tiny"))
-        row_scale = g.op("Div", peak, g.const(float(top), "top"))  # (M, 1)
-        centre = g.const(centre, "centre", np.uint8)
-        # QuantizeLinear per axis 0 (a scale and a zero point per row) divides and rounds (half to even, saturating)
-        # in one pass over x, where a Div before a per-tensor QuantizeLinear took two and a temporary as large as x
-        scales = g.op("Squeeze", row_scale, g.const([1], "axis1", np.int64))  # (M,)
-        if zero_point is None:
-            zero_point = g.op("Expand", centre, g.op("Shape", scales))
-        quantized = g.op("QuantizeLinear", x, scales, zero_point, axis=0)
+        quantized, row_scale = g.op(QUANTIZE_OP, x, outputs=2, domain=CELL_DOMAIN, **self.int8.quantize_attributes)
+        centre = g.const(self.int8.levels[1], "centre", np.uint8)
         # the rows' scales as A's scale: ONNX Runtime multiplies its output by them in the kernel (after the columns'
         # scales, the same float products as a Mul after it), so no Mul node; the bias after them
         product = g.op("MatMulIntegerToFloat", quantized, values, row_scale, scale, centre, zero, domain=MS_DOMAIN)
@@ -378,12 +381,9 @@ def _loop_body(opt, cells: list, gates_x: list, biases: list, packed: _Packed, p
     b = _Graph("step_", scope)
     p = _Precision(b, precision, int8)
     i64 = np.int64
-    # [n_t, B - n_t], [first], [past the last packed row], [n_t]
-    sizes, first, last, n = b.op("Split", b.op("Gather", packed.step_table, "t"), b.const([2, 1, 1, 1], "parts", i64),
-                                 outputs=4)  # fmt: skip
-    zero_point = None
-    if p.int8 and p.int8.activations != "tensor":  # each running row's centre, for every per-row quantization
-        zero_point = b.op("Expand", b.const(p.int8.levels[1], "centre", np.uint8), n)
+    # [n_t, B - n_t], [first], [past the last packed row]
+    sizes, first, last = b.op("Split", b.op("Gather", packed.step_table, "t"), b.const([2, 1, 1], "parts", i64),
+                              outputs=3)  # fmt: skip
     f32 = TensorProto.FLOAT
     inputs = [
         helper.make_tensor_value_info("t", TensorProto.INT64, []),
@@ -394,20 +394,24 @@ def _loop_body(opt, cells: list, gates_x: list, biases: list, packed: _Packed, p
     for d, cell, gates, bias in zip(DIRECTIONS, cells, gates_x, biases, strict=True):
         h_in, c_in = f"h_{d}", f"c_{d}"
         h_run, h_done = b.op("Split", h_in, sizes, axis=0, outputs=2)
-        c_run, c_done = b.op("Split", c_in, sizes, axis=0, outputs=2)
         w_proj = p.matrix(_np(cell.w_proj), "w_proj")
         if p.int8 and p.int8.fused:  # the step's input rows and its state in one product
+            c_run, c_done = b.op("Split", c_in, sizes, axis=0, outputs=2)
             joint = b.op("Concat", b.op("Slice", gates, first, last, b.const([0], "axis", i64)), h_run, axis=1)
             w_joint = p.matrix(np.concatenate([_np(cell.w_input), _np(cell.w_hidden)]), "w_joint")
-            gates_t = p.matmul(joint, w_joint, b.const(bias, "b_input"), zero_point=zero_point)  # (n_t, 2P)
-            h, c = _cell_step(p, opt, w_proj, gates_t, c_run, zero_point)
+            gates_t = p.matmul(joint, w_joint, b.const(bias, "b_input"))  # (n_t, 2P)
+            h, c = _cell_step(p, opt, w_proj, gates_t, c_run)
         else:
-            gates_h = p.matmul(h_run, p.matrix(_np(cell.w_hidden), "w_hidden"), zero_point=zero_point)  # (n_t, 4C)
-            c, m = b.op(CELL_OP, gates, first, last, gates_h, b.const(bias, "b_gates"), c_run, outputs=2,
-                        domain=CELL_DOMAIN, cell_clip=float(opt.cell_clip or 0.0))  # fmt: skip
-            h = _projected(p, opt, w_proj, m, zero_point)
+            gates_h = p.matmul(h_run, p.matrix(_np(cell.w_hidden), "w_hidden"))  # (n_t, 4C)
+            # the whole state in and out: the op copies the finished rows' (never read again, kept for the
+            # state outputs) where a Split and a Concat would pass over every row's
+            m = f"m_{d}"
+            step = [gates, first, last, gates_h, b.const(bias, "b_gates"), c_in, sizes]
+            b.op(CELL_OP, *step, domain=CELL_DOMAIN, cell_clip=float(opt.cell_clip or 0.0), out=[f"c_{d}_next", m])
+            h = _projected(p, opt, w_proj, m)
         b.op("Concat", h, h_done, axis=0, out=[f"h_{d}_next"])  # finished rows keep their state: never read
-        b.op("Concat", c, c_done, axis=0, out=[f"c_{d}_next"])
+        if p.int8 and p.int8.fused:
+            b.op("Concat", c, c_done, axis=0, out=[f"c_{d}_next"])
         b.op("Identity", f"h_{d}_next", out=[f"h_{d}_scan"])
         inputs += [helper.make_tensor_value_info(name, f32, None) for name in (h_in, c_in)]
         outputs += [helper.make_tensor_value_info(f"{name}_next", f32, None) for name in (h_in, c_in)]
@@ -418,35 +422,48 @@ def _loop_body(opt, cells: list, gates_x: list, biases: list, packed: _Packed, p
 
 def cell_function(cell_clip: float) -> onnx.FunctionProto:
     """ElmoCellStep, one step of the projected LSTM cell between its products, as an ONNX function of standard ops:
-    (gates_x (N, 4C), first, last (1,), gates_h (n, 4C), bias (4C,), c (n, C)) -> (c', m), c' = clip(sigmoid(f) * c
-    + sigmoid(i) * tanh(j)), m = sigmoid(o) * tanh(c'), the gates (gates_x[first:last] + bias) + gates_h in the
-    order i, j, f, o. ONNX Runtime inlines a model's function where no kernel of that name is registered, so the
+    (gates_x (N, 4C), first, last (1,), gates_h (n, 4C), bias (4C,), c (B, C), sizes [n, B - n]) -> (c' (B, C),
+    m (n, C)): for the first n rows (those running) c' = clip(sigmoid(f) * c + sigmoid(i) * tanh(j)) and m =
+    sigmoid(o) * tanh(c'), the gates (gates_x[first:last] + bias) + gates_h in the order i, j, f, o; the other rows
+    of c' are c's. ONNX Runtime inlines a model's function where no kernel of that name is registered, so the
     graph runs as the ops below anywhere; an engine that loads this project's kernel of it
-    (service/engine/native/cell_step.cc) makes the step one pass over the gates instead of a dozen."""
+    (service/engine/native/ops.cc) makes the step one pass over the gates instead of a dozen."""
     g = _Graph("cell_")
-
-    def constant(value, dtype) -> str:  # a function has no initializers
-        return g.op("Constant", value=numpy_helper.from_array(np.array(value, dtype)))
-
-    gates_x, first, last, gates_h, bias, c = "gates_x", "first", "last", "gates_h", "bias", "c"
-    gates = g.op("Add", g.op("Add", g.op("Slice", gates_x, first, last, constant([0], np.int64)), bias), gates_h)
+    gates_x, first, last, gates_h, bias, state, sizes = "gates_x", "first", "last", "gates_h", "bias", "c", "sizes"
+    c, c_done = g.op("Split", state, sizes, axis=0, outputs=2)
+    gates = g.op("Add", g.op("Add", g.op("Slice", gates_x, first, last, g.constant([0], np.int64)), bias), gates_h)
     i, j, f, o = g.op("Split", gates, outputs=4, axis=1)
     update = g.op("Mul", g.op("Sigmoid", f), c), g.op("Mul", g.op("Sigmoid", i), g.op("Tanh", j))
+    c_next = g.op("Add", *update)
     if cell_clip:
-        c_next = g.op("Clip", g.op("Add", *update), constant(-cell_clip, np.float32), constant(cell_clip, np.float32),
-                      out=["c_next"])  # fmt: skip
-    else:
-        c_next = g.op("Add", *update, out=["c_next"])
+        c_next = g.op("Clip", c_next, g.constant(-cell_clip), g.constant(cell_clip))
+    g.op("Concat", c_next, c_done, axis=0, out=["c_next"])
     g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c_next), out=["m"])
     return helper.make_function(
         CELL_DOMAIN,
         CELL_OP,
-        [gates_x, first, last, gates_h, bias, c],
+        [gates_x, first, last, gates_h, bias, state, sizes],
         ["c_next", "m"],
         g.nodes,
         [helper.make_opsetid("", OPSET)],
         attributes=["cell_clip"],
     )
+
+
+def quantize_function(top: int, centre: int) -> onnx.FunctionProto:
+    """ElmoQuantizeRows, int8's quantization of a product's input with a scale a row, as an ONNX function of standard
+    ops: x (M, K) -> (q (M, K) uint8, scale (M, 1)), scale = max(max |x|, 1e-30) / top of each row and q x / scale
+    rounded half to even, plus `centre`, saturated (QuantizeLinear per axis 0: one pass over x). Six nodes and
+    three passes over the rows where this project's kernel (service/engine/native/ops.cc) makes one; its attributes
+    (top, centre) are for the kernel, the body has them as constants."""
+    g = _Graph("quantize_")
+    peak = g.op("Max", g.op("ReduceMax", g.op("Abs", "x"), axes=[1], keepdims=1), g.constant(1e-30))
+    g.op("Div", peak, g.constant(float(top)), out=["scale"])  # (M, 1)
+    scales = g.op("Squeeze", "scale", g.constant([1], np.int64))  # (M,)
+    zero_point = g.op("Expand", g.constant(centre, np.uint8), g.op("Shape", scales))
+    g.op("QuantizeLinear", "x", scales, zero_point, axis=0, out=["q"])
+    return helper.make_function(CELL_DOMAIN, QUANTIZE_OP, ["x"], ["q", "scale"], g.nodes,
+                                [helper.make_opsetid("", OPSET)], attributes=["top", "centre"])  # fmt: skip
 
 
 def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = None) -> onnx.ModelProto:
@@ -493,8 +510,10 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
         g.op("Gather", g.op("Transpose", stacked, perm=[0, 2, 1, 3]), unsort, axis=1, out=[f"layers_{d}"])
         graph_outputs.append(helper.make_tensor_value_info(f"layers_{d}", f32, shape))
     graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
-    cell_clip = None if p.int8 and p.int8.fused else float(opt.cell_clip or 0.0)  # where the bodies have CELL_OP
-    return _model(g, "elmo_bilm", graph_inputs, graph_outputs, ms_domain=p.int8 is not None, cell_clip=cell_clip)
+    functions = [] if p.int8 and p.int8.fused else [cell_function(float(opt.cell_clip or 0.0))]  # the bodies' CELL_OP
+    if p.int8 and p.int8.activations != "tensor":
+        functions.append(quantize_function(*p.int8.levels))
+    return _model(g, "elmo_bilm", graph_inputs, graph_outputs, ms_domain=p.int8 is not None, functions=functions)
 
 
 def _longest_first(g: _Graph) -> tuple[str, str, str]:
@@ -515,8 +534,8 @@ class _Packed:
     step of the Loop reads of it (`step_table`: one Gather a step)."""
 
     steps: str  # T
-    # (T, 5) at step t: the rows still running (the first of the sorted rows) and the rows done, how the state
-    # splits; the first and past the last packed row of the step; the rows running again
+    # (T, 4) at step t: the rows still running (the first of the sorted rows) and the rows done, how the state
+    # splits; the first and past the last packed row of the step
     step_table: str
     index: str  # (N,): each real position's index into the (T*B) positions
     flat_shape: str  # [-1, P]
@@ -534,7 +553,7 @@ def _packed_layout(g: _Graph, x: str, lengths: str, proj: int) -> _Packed:
     t_idx, b_idx = g.op("Gather", t_b, g.const(0, "row", i64)), g.op("Gather", t_b, g.const(1, "row", i64))
     batch = g.op("Shape", "lengths")  # [B]
     done = g.op("Sub", batch, active)
-    table = g.op("Concat", active, done, offsets, g.op("Add", offsets, active), active, axis=1)  # (T, 5)
+    table = g.op("Concat", active, done, offsets, g.op("Add", offsets, active), axis=1)  # (T, 4)
     index = g.op("Add", g.op("Mul", t_idx, g.op("Squeeze", batch, axis0)), b_idx)  # (N,) into T*B
     return _Packed(steps, table, index, g.const([-1, proj], "flat", i64))
 
@@ -571,26 +590,23 @@ def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, star
 # ---- the window graph: no Loop, static shapes, rows packed with sentences ----------------------------------------
 
 
-def _cell_step(p: _Precision, opt, w_proj, gates: str, c: str, zero_point: str | None = None) -> tuple[str, str]:
+def _cell_step(p: _Precision, opt, w_proj, gates: str, c: str) -> tuple[str, str]:
     """One step of a projected LSTM cell: its gates (B, 4C) (the input's and the state's products, bias included),
     cell state c -> (h', c'), with the projection `w_proj` written once for all steps. Gates in the order i, j,
-    f, o; the forget bias is in the gates. `zero_point`: int8's per-row centres (`_Precision.matmul`)."""
+    f, o; the forget bias is in the gates."""
     g = p.g
     i, j, f, o = g.op("Split", gates, outputs=4, axis=1)
     c = g.op("Add", g.op("Mul", g.op("Sigmoid", f), c), g.op("Mul", g.op("Sigmoid", i), g.op("Tanh", j)))
     if opt.cell_clip:
         c = g.op("Clip", c, g.const(-opt.cell_clip, "lo"), g.const(opt.cell_clip, "hi"))
     m = g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c))  # within (-1, 1)
-    return _projected(p, opt, w_proj, m, zero_point), c
+    return _projected(p, opt, w_proj, m), c
 
 
-def _projected(p: _Precision, opt, w_proj, m: str, zero_point: str | None = None) -> str:
+def _projected(p: _Precision, opt, w_proj, m: str) -> str:
     """The cell output m (B, C) projected, and clipped where the model clips it."""
     g = p.g
-    if p.int8 and p.int8.bounded_cell:
-        h = p.matmul_bounded(m, w_proj, 1.0)
-    else:
-        h = p.matmul(m, w_proj, zero_point=zero_point)
+    h = p.matmul_bounded(m, w_proj, 1.0) if p.int8 and p.int8.bounded_cell else p.matmul(m, w_proj)
     if opt.proj_clip:
         h = g.op("Clip", h, g.const(-opt.proj_clip, "lo"), g.const(opt.proj_clip, "hi"))
     return h
@@ -746,15 +762,11 @@ def u8_twin(model_proto: onnx.ModelProto) -> onnx.ModelProto:
     return model_proto
 
 
-def _model(g: _Graph, name: str, inputs: list, outputs: list, ms_domain: bool, cell_clip: float | None = None):
-    """The model of graph `g`; `cell_clip` (where the Loop bodies have `CELL_OP` nodes): the model's cell clip, for
-    the op's ONNX function (`cell_function`)."""
+def _model(g: _Graph, name: str, inputs: list, outputs: list, ms_domain: bool, functions: list = ()):
+    """The model of graph `g`, with the ONNX functions that define this project's ops its nodes use."""
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.initializers)
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS_DOMAIN, 1)] if ms_domain else [])
-    functions = []
-    if cell_clip is not None:
-        opsets.append(helper.make_opsetid(CELL_DOMAIN, 1))
-        functions.append(cell_function(cell_clip))
+    opsets += [helper.make_opsetid(CELL_DOMAIN, 1)] if functions else []
     model_proto = helper.make_model(graph, opset_imports=opsets, producer_name="elmo-export", functions=functions)
     model_proto.ir_version = IR_VERSION
     return model_proto

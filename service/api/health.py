@@ -118,7 +118,7 @@ def described(model: ServedModel) -> dict:
         # the graph served, and what its precision costs (measured at export; bench/gpu.py on a GPU)
         "precision": engine.graph.precision,
         "graph": engine.graph.entry,
-        "cell_kernel": engine.cell_kernel,  # the Loop graphs' ElmoCellStep by its compiled kernel (engine/native)
+        "kernels": engine.kernels,  # the graphs' own ops by this project's compiled kernels (engine/native)
         "canary": model.canary.to_dict(),  # the start-up check against the reference (service/engine/canary.py)
         "manifest": engine.info.manifest,
     }

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from service.engine.native import cell_library
+from service.engine.native import library
 from service.manifest import Graph, ModelInfo
 
 log = logging.getLogger("elmo.engine")
@@ -113,9 +113,9 @@ def placed_session(path: Path, options: ort.SessionOptions, providers: list) -> 
 CUDA = "CUDAExecutionProvider"
 
 
-def session_options(intra_op_threads: int, inter_op_threads: int, cell_kernel: bool = True) -> ort.SessionOptions:
-    """The options of every session; `cell_kernel`: register this project's ElmoCellStep kernel where the install
-    built it (`cell_kernel_library`)."""
+def session_options(intra_op_threads: int, inter_op_threads: int, kernels: bool = True) -> ort.SessionOptions:
+    """The options of every session; `kernels`: register this project's kernels where the install built them
+    (`kernels_library`)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads  # 0: one per core
     options.inter_op_num_threads = inter_op_threads
@@ -124,23 +124,25 @@ def session_options(intra_op_threads: int, inter_op_threads: int, cell_kernel: b
     # this graph's shapes (rows, length, distinct and cached tokens) that set keeps growing: an engine fed
     # 10 000 batches of varied shapes grew +13% and was still growing. Off, it levels off, at the same speed.
     options.enable_mem_pattern = False
-    library = cell_kernel_library() if cell_kernel else None
+    library = kernels_library() if kernels else None
     if library:
         options.register_custom_ops_library(str(library))
     return options
 
 
 @functools.cache
-def cell_kernel_library() -> Path | None:
-    """The compiled ElmoCellStep kernel (service/engine/native/), said once in the log, or None: then the Loop
-    graphs compute the op in its standard ONNX ops (the same numbers, slower where the products are fast)."""
-    library = cell_library()
-    if library:
-        log.info("ElmoCellStep: this project's kernel, %s", library.name)
+def kernels_library() -> Path | None:
+    """The compiled kernels of ElmoCellStep and ElmoQuantizeRows (service/engine/native/), said once in the log, or
+    None: then the graphs compute those ops in their standard ONNX ops (the same numbers, slower)."""
+    found = library()
+    if found:
+        log.info("ElmoCellStep, ElmoQuantizeRows: this project's kernels, %s", found.name)
     else:
-        log.warning("ElmoCellStep: no compiled kernel in this install (it builds where pip finds a C++ compiler): "
-                    "the Loop graphs run its standard ONNX ops, the same numbers, slower")  # fmt: skip
-    return library
+        log.warning(
+            "ElmoCellStep, ElmoQuantizeRows: no compiled kernels in this install (pip builds them where it finds a "
+            "C++ compiler): the graphs run their standard ONNX ops, the same numbers, slower"
+        )
+    return found
 
 
 def open_graph(

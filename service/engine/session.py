@@ -27,7 +27,7 @@ from service.engine.backend import Computed, Segment
 from service.engine.feeds import Window, bucket, encode_windows, place, sentence_keys, token_inputs
 from service.engine.host_pool import HostPool, cudart, numpy_allocator, pinned_allocator
 from service.engine.packing import PackedRows, finite_rows
-from service.engine.providers import cell_kernel_library, check_single_runtime, open_graph, session_options
+from service.engine.providers import check_single_runtime, kernels_library, open_graph, session_options
 from service.engine.token_cache import TokenCache
 from service.manifest import read_manifest
 from service.text.token_ids import Mapping
@@ -42,8 +42,8 @@ class Engine:
     which stays on the device and is passed by reference (no store rewritten per call). `run` embeds whole
     sentences: never while sentences are in flight (the batcher's retries run after they were cleared). One
     thread at a time may call `step`, `call_packed` or `run` (the batcher's engine thread, or elmo-embed).
-    `cell_kernel`: the Loop graphs' ElmoCellStep by this project's kernel where the install built it (else, or
-    False, by the standard ops the graph defines it with: the same numbers within 1e-6, slower)."""
+    `kernels`: the graphs' ElmoCellStep and ElmoQuantizeRows by this project's kernels where the install built them
+    (else, or False, by the standard ops the graph defines them with: the same numbers within 1e-5, slower)."""
 
     def __init__(
         self,
@@ -57,14 +57,14 @@ class Engine:
         device_id: int = 0,
         cuda_graphs: bool = False,
         max_rows: int = 1024,
-        cell_kernel: bool = True,
+        kernels: bool = True,
     ):
         check_single_runtime()
         self.info = read_manifest(model_dir)
         self.token_cache = TokenCache(token_cache)
         self.max_rows = max_rows
-        options = session_options(intra_op_threads, inter_op_threads, cell_kernel)
-        self.cell_kernel = cell_kernel and cell_kernel_library() is not None  # ElmoCellStep's own kernel, or its ops
+        options = session_options(intra_op_threads, inter_op_threads, kernels)
+        self.kernels = kernels and kernels_library() is not None  # this project's kernels, or their standard ops
         self.graph, self.session = open_graph(self.info, provider, precision, graph, options, device_id, cuda_graphs)
         self.provider = self.session.get_providers()[0]
         self.window = self.graph.window  # positions per call of the window graph; None: any

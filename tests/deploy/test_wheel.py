@@ -40,15 +40,15 @@ def dist(tmp_path_factory) -> Path:
 
 
 def test_the_wheel_holds_the_service_its_licence_the_default_model_and_the_kernel(dist):
-    # a wheel of this platform: it holds the compiled ElmoCellStep kernel (service/engine/native/)
+    # a wheel of this platform: it holds the compiled kernels (service/engine/native/)
     (wheel,) = dist.glob(f"elmo_service-{__version__}-cp{sys.version_info.major}{sys.version_info.minor}-*.whl")
     (sdist,) = dist.glob(f"elmo_service-{__version__}.tar.gz")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         metadata = archive.read(f"elmo_service-{__version__}.dist-info/METADATA").decode()
-    assert [n for n in names if n.startswith("service/engine/native/_cell_step.") and n.endswith(".so")]
+    assert [n for n in names if n.startswith("service/engine/native/_ops.") and n.endswith(".so")]
     with tarfile.open(sdist) as archive:  # and the sdist its source, for a platform without a wheel
-        assert f"elmo_service-{__version__}/service/engine/native/cell_step.cc" in archive.getnames()
+        assert f"elmo_service-{__version__}/service/engine/native/ops.cc" in archive.getnames()
     shipped = {f"service/embedded/default/{p.name}" for p in DEFAULT_MODEL_DIR.iterdir()}
     shipped |= {f"service/api/explore/{name}" for name in EXPLORE_FILES}  # the /explore page, package data too
     assert shipped <= names and f"elmo_service-{__version__}.dist-info/licenses/LICENSE" in names
@@ -93,7 +93,7 @@ def test_pip_install_the_wheel_then_serve_the_default_model_without_torch(dist, 
         wait_ready(proc, url, log)
         info = httpx.get(f"{url}/info", timeout=30).json()
         assert info["version"] == __version__ and info["model"] == "default"
-        assert info["cell_kernel"] is True, info  # the wheel's own kernel, loaded
+        assert info["kernels"] is True, info  # the wheel's own kernels, loaded
         answer = httpx.post(f"{url}/embed", json={"sentences": SENTENCES, "output": "layers"}, timeout=60)
         assert answer.status_code == 200, answer.text
         page = httpx.get(f"{url}/explore")  # the page's files, from the installed package

@@ -1,3 +1,6 @@
+// This project's ONNX Runtime kernels (domain ai.elmo), each the one-pass form of an op the graphs also define in
+// standard ONNX ops (model_export/onnx_graph.py: cell_function, quantize_function).
+//
 // ElmoCellStep: one step of ELMo's projected LSTM cell, everything between the step's products, in one pass.
 //
 // ONNX Runtime's CPU kernels make the cell's pointwise work one node at a time: the slice of the step's input
@@ -11,10 +14,19 @@
 //           last    (1,) int64:    past its last (first + n);
 //           gates_h (n, 4C) float: the running rows' state products;
 //           bias    (4C,) float:   the gates' bias, the forget bias included;
-//           c       (n, C) float:  the running rows' cell state.
-//   outputs c_next  (n, C): clip(sigmoid(f) * c + sigmoid(i) * tanh(j), cell_clip) (cell_clip 0: no clip);
+//           c       (B, C) float:  every row's cell state, the n running rows first;
+//           sizes   (2,) int64:    [n, B - n] (what the op's standard ops split c by).
+//   outputs c_next  (B, C): for the running rows clip(sigmoid(f) * c + sigmoid(i) * tanh(j), cell_clip)
+//                   (cell_clip 0: no clip), for the others c's rows as they were;
 //           m       (n, C): sigmoid(o) * tanh(c_next), the projection's input.
 //   Gates in the order i, j, f, o (model_export/bilm.py).
+//
+// ElmoQuantizeRows: int8's quantization of a product's input, each row with a scale of its own (a sentence's
+// numbers never depend on its batch), where the standard ops take six nodes and three passes over the rows:
+//   input   x (M, K) float;  attributes top (float: 63 or 127), centre (int: 64 or 128);
+//   outputs q (M, K) uint8 = saturate(round half to even(x / scale) + centre), scale (M, 1) float = max(max |x|,
+//           1e-30) / top, row by row: the standard ops' numbers bit for bit (the same division, and the rounding
+//           of ONNX Runtime's QuantizeLinear).
 //
 // No ONNX Runtime header is needed, nor shipped by its Python wheel: the library binds to the C API by position.
 // ONNX Runtime's OrtApi is a table of function pointers that only ever grows at its end (its ABI promise): the
@@ -26,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -46,7 +59,7 @@ struct OrtApiBase {
   const char* (*GetVersionString)();
 };
 
-enum ElementType : int { kFloat = 1, kInt64 = 7 };  // ONNXTensorElementDataType: ONNX's TensorProto numbering
+enum ElementType : int { kFloat = 1, kUint8 = 2, kInt64 = 7 };  // ONNXTensorElementDataType: ONNX's TensorProto numbering
 
 struct OrtCustomOp {  // the fields of version 13 of the API: a runtime reads no more of an op that says 13
   uint32_t version;
@@ -71,6 +84,7 @@ enum Position : size_t {
   kCustomOpDomainAdd = 27,
   kAddCustomOpDomain = 28,
   kKernelInfoGetAttributeFloat = 85,
+  kKernelInfoGetAttributeInt64 = 86,
   kKernelContextGetInput = 90,
   kKernelContextGetOutput = 91,
   kGetTensorMutableData = 51,
@@ -93,7 +107,7 @@ void check(const OrtApi* api, OrtStatus* status) {
   if (status == nullptr) return;
   std::string message = entry<const char* (*)(const OrtStatus*)>(api, kGetErrorMessage)(status);
   entry<void (*)(OrtStatus*)>(api, kReleaseStatus)(status);
-  throw std::runtime_error("ElmoCellStep: " + message);
+  throw std::runtime_error("ai.elmo: " + message);
 }
 
 struct Tensor {
@@ -117,18 +131,47 @@ Tensor input(const OrtApi* api, OrtKernelContext* context, size_t index) {
     status = entry<OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t)>(api, kGetDimensions)(info, t.dims, t.rank);
   entry<void (*)(OrtTensorTypeAndShapeInfo*)>(api, kReleaseTensorTypeAndShapeInfo)(info);
   check(api, status);
-  if (t.rank > 2) throw std::runtime_error("ElmoCellStep: input " + std::to_string(index) + " has rank > 2");
+  if (t.rank > 2) throw std::runtime_error("ai.elmo: input " + std::to_string(index) + " has rank > 2");
   return t;
 }
 
-float* output(const OrtApi* api, OrtKernelContext* context, size_t index, int64_t rows, int64_t columns) {
+template <typename T = float>
+T* output(const OrtApi* api, OrtKernelContext* context, size_t index, int64_t rows, int64_t columns) {
   const int64_t dims[2] = {rows, columns};
   OrtValue* value = nullptr;
   check(api, entry<OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**)>(
                  api, kKernelContextGetOutput)(context, index, dims, 2, &value));
   void* data = nullptr;
   check(api, entry<OrtStatus* (*)(OrtValue*, void**)>(api, kGetTensorMutableData)(value, &data));
-  return static_cast<float*>(data);
+  return static_cast<T*>(data);
+}
+
+// A kernel's work as `total` pieces, on the session's intra-op threads where the runtime lends them.
+void parallel(const OrtApi* api, OrtKernelContext* context, void (*piece)(void*, size_t), size_t total, void* work) {
+  if (g_api17 != nullptr && total > 1) {
+    check(api, entry<OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*)>(
+                   g_api17, kKernelContextParallelFor)(context, piece, total, 0, work));
+  } else {
+    for (size_t index = 0; index < total; ++index) piece(work, index);
+  }
+}
+
+float attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name, float otherwise) {
+  float value = otherwise;
+  OrtStatus* status =
+      entry<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(api, kKernelInfoGetAttributeFloat)(info, name, &value);
+  if (status == nullptr) return value;
+  entry<void (*)(OrtStatus*)>(api, kReleaseStatus)(status);  // no such attribute
+  return otherwise;
+}
+
+int64_t attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t otherwise) {
+  int64_t value = otherwise;
+  OrtStatus* status =
+      entry<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(api, kKernelInfoGetAttributeInt64)(info, name, &value);
+  if (status == nullptr) return value;
+  entry<void (*)(OrtStatus*)>(api, kReleaseStatus)(status);
+  return otherwise;
 }
 
 // ---- the arithmetic ------------------------------------------------------------------------------------------
@@ -208,37 +251,30 @@ struct Kernel {
 };
 
 void* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info) {
-  float clip = 0;
-  OrtStatus* status = entry<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(
-      api, kKernelInfoGetAttributeFloat)(info, "cell_clip", &clip);
-  if (status != nullptr) {  // no such attribute: no clip
-    entry<void (*)(OrtStatus*)>(api, kReleaseStatus)(status);
-    clip = 0;
-  }
-  return new Kernel{api, clip};
+  return new Kernel{api, attribute(api, info, "cell_clip", 0.0f)};  // 0: no clip
 }
 
 void compute(void* state, OrtKernelContext* context) {
   const auto* kernel = static_cast<Kernel*>(state);
   const OrtApi* api = kernel->api;
   const Tensor gates_x = input(api, context, 0), first = input(api, context, 1), last = input(api, context, 2),
-               gates_h = input(api, context, 3), bias = input(api, context, 4), c = input(api, context, 5);
-  const int64_t rows = c.dims[0], cell = c.dims[1];
+               gates_h = input(api, context, 3), bias = input(api, context, 4), c = input(api, context, 5),
+               sizes = input(api, context, 6);
+  const int64_t rows = gates_h.dims[0], batch = c.dims[0], cell = c.dims[1];
   const int64_t start = *reinterpret_cast<const int64_t*>(first.data);
   const int64_t end = *reinterpret_cast<const int64_t*>(last.data);
-  if (gates_x.rank != 2 || gates_h.rank != 2 || c.rank != 2 || bias.rank != 1 || gates_x.dims[1] != 4 * cell ||
-      gates_h.dims[1] != 4 * cell || bias.dims[0] != 4 * cell || gates_h.dims[0] != rows || start < 0 ||
-      end != start + rows || end > gates_x.dims[0])
+  const auto* split = reinterpret_cast<const int64_t*>(sizes.data);
+  if (gates_x.rank != 2 || gates_h.rank != 2 || c.rank != 2 || bias.rank != 1 || sizes.rank != 1 ||
+      sizes.dims[0] != 2 || gates_x.dims[1] != 4 * cell || gates_h.dims[1] != 4 * cell || bias.dims[0] != 4 * cell ||
+      rows > batch || split[0] != rows || split[1] != batch - rows || start < 0 || end != start + rows ||
+      end > gates_x.dims[0])
     throw std::runtime_error("ElmoCellStep: inputs of inconsistent shapes");
-  Step step{gates_x.data + start * 4 * cell, gates_h.data, bias.data, c.data, output(api, context, 0, rows, cell),
+  float* c_next = output(api, context, 0, batch, cell);
+  // the finished rows' state, as it was (a copy: ONNX Runtime's inputs are read-only)
+  std::memcpy(c_next + rows * cell, c.data + rows * cell, sizeof(float) * static_cast<size_t>((batch - rows) * cell));
+  Step step{gates_x.data + start * 4 * cell, gates_h.data, bias.data, c.data, c_next,
             output(api, context, 1, rows, cell), cell, (cell + kBlock - 1) / kBlock, kernel->clip};
-  const size_t total = static_cast<size_t>(rows * step.blocks);
-  if (g_api17 != nullptr && total > 1) {
-    check(api, entry<OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*)>(
-                   g_api17, kKernelContextParallelFor)(context, run_block, total, 0, &step));
-  } else {
-    for (size_t index = 0; index < total; ++index) run_block(&step, index);
-  }
+  parallel(api, context, run_block, static_cast<size_t>(rows * step.blocks), &step);
 }
 
 const OrtCustomOp kCellStep = {
@@ -246,12 +282,90 @@ const OrtCustomOp kCellStep = {
     create_kernel,
     [](const OrtCustomOp*) { return "ElmoCellStep"; },
     [](const OrtCustomOp*) -> const char* { return nullptr; },  // the CPU provider
-    [](const OrtCustomOp*, size_t index) { return index == 1 || index == 2 ? kInt64 : kFloat; },
-    [](const OrtCustomOp*) -> size_t { return 6; },
+    [](const OrtCustomOp*, size_t index) { return index == 1 || index == 2 || index == 6 ? kInt64 : kFloat; },
+    [](const OrtCustomOp*) -> size_t { return 7; },
     [](const OrtCustomOp*, size_t) { return kFloat; },
     [](const OrtCustomOp*) -> size_t { return 2; },
     compute,
     [](void* kernel) { delete static_cast<Kernel*>(kernel); },
+    [](const OrtCustomOp*, size_t) { return 0; },
+    [](const OrtCustomOp*, size_t) { return 0; },
+    [](const OrtCustomOp*, size_t) { return 0; },
+};
+
+// ---- ElmoQuantizeRows ---------------------------------------------------------------------------------------
+
+#if defined(__x86_64__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void quantize_row(const float* __restrict x, uint8_t* __restrict q, float* __restrict scale, int64_t count, float top,
+                  float centre) {
+  float peak = 0;
+#pragma omp simd reduction(max : peak)  // a max the compiler may reorder (-fopenmp-simd): no NaN to keep in order
+  for (int64_t k = 0; k < count; ++k) {
+    const float magnitude = x[k] < 0 ? -x[k] : x[k];
+    peak = magnitude > peak ? magnitude : peak;
+  }
+  const float s = (peak > 1e-30f ? peak : 1e-30f) / top;
+  *scale = s;
+  const float lo = -centre, hi = 255.0f - centre;
+  for (int64_t k = 0; k < count; ++k) {
+    float v = x[k] / s;  // divided, as QuantizeLinear does, not times the reciprocal
+    v = v < lo ? lo : (v > hi ? hi : v);
+    v = (v + 12582912.0f) - 12582912.0f;  // to the nearest integer, ties to even
+    q[k] = static_cast<uint8_t>(static_cast<int32_t>(v + centre));
+  }
+}
+
+struct Quantizer {
+  const OrtApi* api;
+  float top, centre;
+};
+
+struct Rows {
+  const float* x;
+  uint8_t* q;
+  float* scale;
+  int64_t columns, per_piece, rows;
+  float top, centre;
+};
+
+void quantize_rows(void* data, size_t index) {
+  const Rows& r = *static_cast<const Rows*>(data);
+  const int64_t end = std::min(r.rows, static_cast<int64_t>(index + 1) * r.per_piece);
+  for (int64_t row = static_cast<int64_t>(index) * r.per_piece; row < end; ++row)
+    quantize_row(r.x + row * r.columns, r.q + row * r.columns, r.scale + row, r.columns, r.top, r.centre);
+}
+
+void* create_quantizer(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info) {
+  return new Quantizer{api, attribute(api, info, "top", 127.0f),
+                       static_cast<float>(attribute(api, info, "centre", static_cast<int64_t>(128)))};
+}
+
+void quantize(void* state, OrtKernelContext* context) {
+  const auto* kernel = static_cast<Quantizer*>(state);
+  const OrtApi* api = kernel->api;
+  const Tensor x = input(api, context, 0);
+  if (x.rank != 2) throw std::runtime_error("ElmoQuantizeRows: x is not a matrix");
+  const int64_t rows = x.dims[0], columns = x.dims[1];
+  // pieces of about 4,096 values: a piece on another thread is worth that much work
+  const int64_t per_piece = std::max<int64_t>(1, 4096 / std::max<int64_t>(columns, 1));
+  Rows work{x.data, output<uint8_t>(api, context, 0, rows, columns), output(api, context, 1, rows, 1), columns,
+            per_piece, rows, kernel->top, kernel->centre};
+  parallel(api, context, quantize_rows, static_cast<size_t>((rows + per_piece - 1) / per_piece), &work);
+}
+
+const OrtCustomOp kQuantizeRows = {
+    13,
+    create_quantizer,
+    [](const OrtCustomOp*) { return "ElmoQuantizeRows"; },
+    [](const OrtCustomOp*) -> const char* { return nullptr; },
+    [](const OrtCustomOp*, size_t) { return kFloat; },
+    [](const OrtCustomOp*) -> size_t { return 1; },
+    [](const OrtCustomOp*, size_t index) { return index == 0 ? kUint8 : kFloat; },
+    [](const OrtCustomOp*) -> size_t { return 2; },
+    quantize,
+    [](void* kernel) { delete static_cast<Quantizer*>(kernel); },
     [](const OrtCustomOp*, size_t) { return 0; },
     [](const OrtCustomOp*, size_t) { return 0; },
     [](const OrtCustomOp*, size_t) { return 0; },
@@ -268,8 +382,10 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
     OrtStatus* status = entry<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(api, kCreateCustomOpDomain)(
         "ai.elmo", &domain);
     if (status != nullptr) return status;
-    status = entry<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(api, kCustomOpDomainAdd)(domain, &kCellStep);
-    if (status != nullptr) return status;
+    for (const OrtCustomOp* op : {&kCellStep, &kQuantizeRows}) {
+      status = entry<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(api, kCustomOpDomainAdd)(domain, op);
+      if (status != nullptr) return status;
+    }
   }
   return entry<OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*)>(api, kAddCustomOpDomain)(options, domain);
 }
