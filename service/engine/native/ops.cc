@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -377,15 +378,19 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
                                                                                const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(1);
   g_api17 = base->GetApi(17);  // null on a runtime older than 1.17
+  static std::mutex made;  // two sessions made at once, on two threads: one of them makes the domain
   static OrtCustomOpDomain* domain = nullptr;  // lives as long as the process: sessions keep pointing at it
+  const std::lock_guard<std::mutex> hold(made);
   if (domain == nullptr) {
+    OrtCustomOpDomain* ops = nullptr;
     OrtStatus* status = entry<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(api, kCreateCustomOpDomain)(
-        "ai.elmo", &domain);
-    if (status != nullptr) return status;
+        "ai.elmo", &ops);
     for (const OrtCustomOp* op : {&kCellStep, &kQuantizeRows}) {
-      status = entry<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(api, kCustomOpDomainAdd)(domain, op);
       if (status != nullptr) return status;
+      status = entry<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(api, kCustomOpDomainAdd)(ops, op);
     }
+    if (status != nullptr) return status;
+    domain = ops;
   }
   return entry<OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*)>(api, kAddCustomOpDomain)(options, domain);
 }
