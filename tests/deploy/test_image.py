@@ -263,6 +263,7 @@ def test_docker_compose_up_serves_elmo_embed_s_numbers_and_stops_cleanly(default
             info = httpx.get(f"{url}/info", timeout=30).json()
             host = json.loads((default_model_dir / "manifest.json").read_text())
             assert info["model"] == "default" and info["manifest"]["sources"] == host["sources"]  # the same weights
+            assert info["kernels"] is True  # this project's kernels, compiled while the image was built
             answer = httpx.post(f"{url}/embed", json={"sentences": SENTENCES, "output": "layers"}, timeout=60)
             assert answer.status_code == 200, answer.text
             served = [np.asarray(item["embedding"], dtype=np.float32) for item in answer.json()["data"]]
