@@ -25,9 +25,29 @@ def settings(tiny_model_dir) -> Settings:
     return Settings(model_dir=tiny_model_dir, provider="cpu", intra_op_threads=1, inter_op_threads=1)
 
 
-def test_a_request_s_steps_are_children_of_its_server_span(settings):
+class _TestProvider(TracerProvider):
+    """An SDK tracer provider whose fork hook is off once its test is done. A provider registers a hook that runs in
+    every forked child of the process (it detects the child's resources on threads of its own), and lives on (its
+    exit hook, FastAPI's app state): one of these tests' ran in the bulk writer's forked process of a later test,
+    and hung it there (a thread started in the child never ran)."""
+
+    done = False
+
+    def _handle_fork(self) -> None:
+        if not self.done:
+            super()._handle_fork()
+
+
+@pytest.fixture
+def provider():
+    provider = _TestProvider()
+    yield provider
+    provider.done = True
+    provider.shutdown()
+
+
+def test_a_request_s_steps_are_children_of_its_server_span(settings, provider):
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with TestClient(create_app(settings, tracer_provider=provider)) as client:
         assert client.get("/health/ready").status_code == 200
@@ -57,9 +77,8 @@ def test_a_request_s_steps_are_children_of_its_server_span(settings):
     assert not [s for s in exporter.get_finished_spans() if "health" in s.name]  # the probes make none
 
 
-def test_the_openai_route_is_traced_the_same_way(settings):
+def test_the_openai_route_is_traced_the_same_way(settings, provider):
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with TestClient(create_app(settings, tracer_provider=provider)) as client:
         assert client.post("/v1/embeddings", json={"input": ["one text", "and another"]}).status_code == 200
