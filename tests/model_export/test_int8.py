@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from model_export.export import CHECK_SENTENCES, INT8_VNNI, INT8_VNNI_FILE, INT8_VNNI_FLAGS
-from model_export.onnx_graph import Int8, build_onnx_model, u8_twin
+from model_export.onnx_graph import QUANTIZE_OP, Int8, build_onnx_model, u8_twin
 from service.batching.in_flight import InFlight
 from service.bulk import read_embeddings
 from service.engine import providers
@@ -152,12 +152,13 @@ def candidate(tiny_model_dir, tiny_bilm, tmp_path, scheme: Int8) -> Engine:
 def test_the_cell_output_can_be_quantized_at_its_bound_not_per_row(tiny_bilm):
     """`bounded`: o * tanh(c) is within 1, so the projection's input is quantized with the constant scale 1/63 and
     its product comes out scaled (no row peak, no Mul by a row's scale); h stays per row. In each Loop body: one
-    row peak a direction (h's), where the plain scheme has two."""
+    per-row quantization (an ElmoQuantizeRows node, whose ops find the row's peak) a direction (h's), where the
+    plain scheme has two."""
     for scheme, peaks, constant_scales in ((Int8(), 4, []), (Int8(bounded=True), 2, [np.float32(1 / 63)] * 2)):
         model = build_onnx_model(tiny_bilm, "int8", scheme)
         bodies = [a.g for n in model.graph.node if n.op_type == "Loop" for a in n.attribute if a.name == "body"]
         for body in bodies:
-            assert sum(n.op_type == "ReduceMax" for n in body.node) == peaks
+            assert sum(n.op_type == QUANTIZE_OP for n in body.node) == peaks
             constants = {t.name: onnx.numpy_helper.to_array(t) for t in body.initializer}
             scales = [n.input[1] for n in body.node if n.op_type == "QuantizeLinear" and n.input[1] in constants]
             assert [float(constants[name]) for name in scales] == constant_scales
