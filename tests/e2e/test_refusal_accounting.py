@@ -68,8 +68,8 @@ def test_a_sentence_that_cannot_be_allocated_alone_is_refused_413_naming_the_lim
         with httpx.Client(base_url=url, timeout=120) as client:
             assert client.post("/embed", json=small).status_code == 200
             # a memory limit: the address space it has now and 200 MB more (as a container's limit would be), so
-            # that the sentence fails in ONNX Runtime's first run of it. With more room (300 MB, since the graphs'
-            # own kernels need less) the run got far enough that the retry's allocations failed in code that
+            # that the sentence fails in ONNX Runtime's first run of it. With more room (300 MB, since the new graphs
+            # need less) the run got far enough that the retry's allocations failed in code that
             # aborts instead of raising (OpenBLAS's buffers, glibc's thread-local data, C++ that cannot throw),
             # which no server can turn into an answer
             limit = _vm_size(proc.pid) + (200 << 20)

@@ -157,23 +157,20 @@ void parallel(const OrtApi* api, OrtKernelContext* context, void (*piece)(void*,
   }
 }
 
-float attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name, float otherwise) {
-  float value = otherwise;
-  OrtStatus* status =
-      entry<OrtStatus* (*)(const OrtKernelInfo*, const char*, float*)>(api, kKernelInfoGetAttributeFloat)(info, name, &value);
+// A node's attribute `name`, or `otherwise` where the node has none; `at`: KernelInfoGetAttribute_float's or _int64's.
+template <typename T>
+T attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name, T otherwise, Position at) {
+  T value = otherwise;
+  OrtStatus* status = entry<OrtStatus* (*)(const OrtKernelInfo*, const char*, T*)>(api, at)(info, name, &value);
   if (status == nullptr) return value;
   entry<void (*)(OrtStatus*)>(api, kReleaseStatus)(status);  // no such attribute
   return otherwise;
 }
 
-int64_t attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t otherwise) {
-  int64_t value = otherwise;
-  OrtStatus* status =
-      entry<OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*)>(api, kKernelInfoGetAttributeInt64)(info, name, &value);
-  if (status == nullptr) return value;
-  entry<void (*)(OrtStatus*)>(api, kReleaseStatus)(status);
-  return otherwise;
-}
+// What both ops answer alike: the CPU provider's (no other), inputs and outputs all required, the provider's own
+// memory for the inputs (0 for each: OrtCustomOpInputOutputCharacteristic's and OrtMemType's defaults)
+const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
+int required_in_default_memory(const OrtCustomOp*, size_t) { return 0; }
 
 // ---- the arithmetic ------------------------------------------------------------------------------------------
 // exp by range reduction, x = n ln2 + r with |r| <= ln2 / 2, and exp(r) by its Taylor series to r^7 (relative
@@ -252,7 +249,7 @@ struct Kernel {
 };
 
 void* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info) {
-  return new Kernel{api, attribute(api, info, "cell_clip", 0.0f)};  // 0: no clip
+  return new Kernel{api, attribute(api, info, "cell_clip", 0.0f, kKernelInfoGetAttributeFloat)};  // 0: no clip
 }
 
 void compute(void* state, OrtKernelContext* context) {
@@ -282,16 +279,16 @@ const OrtCustomOp kCellStep = {
     13,
     create_kernel,
     [](const OrtCustomOp*) { return "ElmoCellStep"; },
-    [](const OrtCustomOp*) -> const char* { return nullptr; },  // the CPU provider
+    cpu_provider,
     [](const OrtCustomOp*, size_t index) { return index == 1 || index == 2 || index == 6 ? kInt64 : kFloat; },
     [](const OrtCustomOp*) -> size_t { return 7; },
     [](const OrtCustomOp*, size_t) { return kFloat; },
     [](const OrtCustomOp*) -> size_t { return 2; },
     compute,
     [](void* kernel) { delete static_cast<Kernel*>(kernel); },
-    [](const OrtCustomOp*, size_t) { return 0; },
-    [](const OrtCustomOp*, size_t) { return 0; },
-    [](const OrtCustomOp*, size_t) { return 0; },
+    required_in_default_memory,  // GetInputCharacteristic
+    required_in_default_memory,  // GetOutputCharacteristic
+    required_in_default_memory,  // GetInputMemoryType
 };
 
 // ---- ElmoQuantizeRows ---------------------------------------------------------------------------------------
@@ -339,8 +336,8 @@ void quantize_rows(void* data, size_t index) {
 }
 
 void* create_quantizer(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info) {
-  return new Quantizer{api, attribute(api, info, "top", 127.0f),
-                       static_cast<float>(attribute(api, info, "centre", static_cast<int64_t>(128)))};
+  return new Quantizer{api, attribute(api, info, "top", 127.0f, kKernelInfoGetAttributeFloat),
+                       static_cast<float>(attribute<int64_t>(api, info, "centre", 128, kKernelInfoGetAttributeInt64))};
 }
 
 void quantize(void* state, OrtKernelContext* context) {
@@ -360,16 +357,16 @@ const OrtCustomOp kQuantizeRows = {
     13,
     create_quantizer,
     [](const OrtCustomOp*) { return "ElmoQuantizeRows"; },
-    [](const OrtCustomOp*) -> const char* { return nullptr; },
+    cpu_provider,
     [](const OrtCustomOp*, size_t) { return kFloat; },
     [](const OrtCustomOp*) -> size_t { return 1; },
     [](const OrtCustomOp*, size_t index) { return index == 0 ? kUint8 : kFloat; },
     [](const OrtCustomOp*) -> size_t { return 2; },
     quantize,
     [](void* kernel) { delete static_cast<Quantizer*>(kernel); },
-    [](const OrtCustomOp*, size_t) { return 0; },
-    [](const OrtCustomOp*, size_t) { return 0; },
-    [](const OrtCustomOp*, size_t) { return 0; },
+    required_in_default_memory,  // GetInputCharacteristic
+    required_in_default_memory,  // GetOutputCharacteristic
+    required_in_default_memory,  // GetInputMemoryType
 };
 
 }  // namespace
