@@ -25,6 +25,7 @@ from pathlib import Path
 
 import h5py
 
+from service.bulk.hdf5_writer import create_file
 from service.bulk.inputs import InputError, Span, split
 from service.bulk.pipeline import partial_name, refuse_output, replace_synced
 
@@ -172,7 +173,7 @@ def merge(paths: Sequence[str | Path], output: str | Path, parts: bool = False) 
     index: dict[str, str] = {}
     has_index = False
     try:
-        with h5py.File(partial, "x") as out:
+        with create_file(partial) as out:
             for path in _in_line_order(paths, stamps):
                 with h5py.File(path, "r") as part:
                     for name in _datasets(part):

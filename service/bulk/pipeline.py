@@ -20,15 +20,12 @@ import contextlib
 import glob
 import json
 import math
-import mmap
-import multiprocessing
 import os
 import queue
 import secrets
 import socket
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +35,7 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
+from service.bulk.hdf5_writer import PENDING, Stopped, WriterProcess, create_file, dataset_writer, finish_file
 from service.bulk.inputs import ALL_LINES, BadLine, InputError, Shard, Span, read_sentences
 from service.engine.packing import PackedRows
 from service.engine.session import Engine
@@ -101,7 +99,7 @@ def embed_file(
     The output appears whole or not at all: it is written to a file of an unpredictable name beside it, created
     exclusively (never through a link planted there), synced to disk with its folder, and renamed over output_path.
 
-    `writer` "process": the hdf5 file is written by a process of its own (`_WriterProcess`), fed through shared
+    `writer` "process": the hdf5 file is written by a process of its own (`WriterProcess`), fed through shared
     memory, so that h5py's time per dataset does not share this process's interpreter lock with the pipeline;
     "thread": by a thread of this process (the same file, dataset by dataset); "auto" (the default): the process
     where this process may run on at least WRITER_PROCESS_CORES cores. On 2 cores it measured slower: the pipeline's
@@ -131,8 +129,7 @@ def embed_file(
     in_process = _writer_process_chosen(writer) and output.format == "hdf5"
     process, stages = None, (reader,)
     try:
-        # forked before any stage's thread starts: a fork copies no other thread (nor a lock one of them would hold)
-        process = _WriterProcess(partial, output, stop) if in_process else None
+        process = WriterProcess(partial, output, stop) if in_process else None
         assembler, writing = _assembler_and_writer(engine, partial, output, np.dtype(dtype), early, process,
                                                    (finished, assembled), stop, bar, started)  # fmt: skip
         stages = (reader, assembler, writing)
@@ -148,7 +145,7 @@ def embed_file(
     except BaseException as err:
         stop.set()  # every queue operation and stage loop checks it: the other threads end within POLL_S
         failure = _wound_down(stages, process, partial)
-        if isinstance(err, _Stopped) and failure is not None:  # a _Stopped: another stage failed first
+        if isinstance(err, Stopped) and failure is not None:  # a Stopped: another stage failed first
             raise failure from None
         raise
     finally:
@@ -304,18 +301,13 @@ def _embed_packed(engine: Engine, planned: queue.Queue, finished: queue.Queue, s
 READ_AHEAD_CHUNKS = 1  # and one more being read: a chunk is CHUNK_BATCHES batches of engine work, ample slack
 WRITE_BEHIND_BATCHES = 2
 POLL_S = 0.1  # how often a stage blocked on a queue looks whether another one has failed
-PENDING = "\n"  # the group of the datasets not yet named by their sentence (--use-sentence-keys)
-
-
-class _Stopped(Exception):
-    """Another stage failed: this one ends without doing more."""
 
 
 _END = object()  # the end of a queue's items
 
 
 class _Stage(threading.Thread):
-    """A pipeline stage: `target(*args)`'s return value, or the exception that ended it (but _Stopped), which
+    """A pipeline stage: `target(*args)`'s return value, or the exception that ended it (but Stopped), which
     also sets `stop` so that the other stages end: the engine thread then raises this exception."""
 
     def __init__(self, stop: threading.Event, target, *args):
@@ -329,7 +321,7 @@ class _Stage(threading.Thread):
         target, args = self._call
         try:
             self.result = target(*args)
-        except _Stopped:
+        except Stopped:
             pass
         except BaseException as err:
             self.error = err
@@ -343,7 +335,7 @@ def _put(q: queue.Queue, item, stop: threading.Event) -> None:
             return
         except queue.Full:
             pass
-    raise _Stopped
+    raise Stopped
 
 
 def _get(q: queue.Queue, stop: threading.Event):
@@ -352,7 +344,7 @@ def _get(q: queue.Queue, stop: threading.Event):
             return q.get(timeout=POLL_S)
         except queue.Empty:
             pass
-    raise _Stopped
+    raise Stopped
 
 
 def _read_ahead(spans: list[Span], shard: Shard, batch_tokens: int, planned: queue.Queue, stop: threading.Event,
@@ -382,7 +374,7 @@ def _until(stop: threading.Event, lines: Iterator) -> Iterator:
     """The lines, until another stage fails: a chunk on the GPU is two million tokens, too long to finish."""
     for line in lines:
         if stop.is_set():
-            raise _Stopped
+            raise Stopped
         yield line
 
 
@@ -406,7 +398,7 @@ def _write_behind(
     started: float,
     output: Output,
     dtype: np.dtype,
-    process: _WriterProcess | None = None,
+    process: WriterProcess | None = None,
 ):
     """Writer stage: one dataset per line of each finished batch, then, at _END, sentence_to_index. Returns the
     sentences and tokens written. With sentence keys, each dataset is written under its line index in a group
@@ -414,8 +406,8 @@ def _write_behind(
     copy): a batch's text reaches this stage only after its layers. With a writer `process`, the datasets went to
     it from the assembler: this stage counts the chunks, and hands it sentence_to_index at the end."""
     tally = _Tally(output, bar, started)
-    with contextlib.nullcontext() if process is not None else h5py.File(partial, "x") as out:
-        write = _dataset_writer(out) if out is not None else None
+    with contextlib.nullcontext() if process is not None else create_file(partial) as out:
+        write = dataset_writer(out) if out is not None else None
         if output.sentence_keys and out is not None:
             out.create_group(PENDING)
         while (item := _get(finished, stop)) is not _END:
@@ -424,14 +416,14 @@ def _write_behind(
                 continue
             for (line_index, *_), layers in zip(*item, strict=True):
                 if stop.is_set():  # another stage failed: this file is about to be removed
-                    raise _Stopped
+                    raise Stopped
                 name = f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index)
                 write(name, np.ascontiguousarray(output.select(layers), dtype))
         bar.update(bar.total - bar.n)  # the other shards' lines after this shard's last one
         if process is not None:
             process.finish(tally.sentence_to_index)
         else:
-            _finish_file(out, output, tally.sentence_to_index)
+            finish_file(out, output, tally.sentence_to_index)
     return tally.sentences, tally.tokens
 
 
@@ -449,7 +441,7 @@ def _write_parquet(partial: Path, finished: queue.Queue, stop: threading.Event, 
                 continue
             for (line_index, tokens, text, _), layers in zip(*item, strict=True):
                 if stop.is_set():
-                    raise _Stopped
+                    raise Stopped
                 part.add(line_index, tokens, text, np.ascontiguousarray(output.select(layers), dtype))
     bar.update(bar.total - bar.n)
     return tally.sentences, tally.tokens
@@ -475,20 +467,7 @@ class _Tally:
         self.bar.set_postfix(tokens_per_s=f"{self.tokens / (time.perf_counter() - self.started):.0f}")
 
 
-def _finish_file(out: h5py.File, output: Output, sentence_to_index: dict[str, str]) -> None:
-    """What follows the datasets: their moves to their sentences' names, or sentence_to_index; what made the file."""
-    if output.about:
-        out.attrs["elmo_embed"] = output.about
-    if output.sentence_keys:
-        for text, line_index in sentence_to_index.items():
-            out.move(f"{PENDING}/{line_index}", text)  # a "/" in it makes groups, as allennlp's create_dataset
-        del out[PENDING]
-    elif not output.forget_sentences:
-        index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
-        index[0] = json.dumps(sentence_to_index)
-
-
-def _assemble_into(finished: queue.Queue, assembled: queue.Queue, stop: threading.Event, process: _WriterProcess,
+def _assemble_into(finished: queue.Queue, assembled: queue.Queue, stop: threading.Event, process: WriterProcess,
                    output: Output, early: np.dtype, dtype: np.dtype) -> None:  # fmt: skip
     """Assembler stage with a writer process: each finished sentence's dataset put together straight into a block of
     the shared ring (its one copy), the block's table sent to the process once the next sentence does not fit, in
@@ -507,19 +486,19 @@ def _assemble_into(finished: queue.Queue, assembled: queue.Queue, stop: threadin
             continue
         for (line_index, *_), x in zip(*item, strict=True):
             if stop.is_set():
-                raise _Stopped
+                raise Stopped
             name = f"{PENDING}/{line_index}" if output.sentence_keys else str(line_index)
             whole = output.layers == "all" and not isinstance(x, np.ndarray)  # put together where it is written
             layers = None if whole else output.select(np.asarray(x, early) if isinstance(x, np.ndarray) else
                                                       x.result(early))  # fmt: skip
             shape = _shape(x) if whole else layers.shape
             size = math.prod(shape) * dtype.itemsize
-            if size > BLOCK_BYTES:  # larger than a block: by the pipe, in its turn
+            if size > process.block_bytes:  # larger than a block: by the pipe, in its turn
                 send()
                 process.write_array(name, np.ascontiguousarray(layers if layers is not None else x.result(dtype),
                                                                dtype))  # fmt: skip
                 continue
-            if block is None or used + size > BLOCK_BYTES:
+            if block is None or used + size > process.block_bytes:
                 send()
                 block = process.take(stop)
             view = process.blocks[block][used : used + size].view(dtype).reshape(shape)
@@ -539,152 +518,9 @@ def _shape(sentence) -> tuple[int, ...]:
     return (lstm.shape[0] + 1, sentence.length - 2, 2 * lstm.shape[-1])
 
 
-# The ring between the assembler and the writer process: blocks of shared memory, reused; a sentence larger than a
-# block goes through the pipe. 8 x 4 MB: the writer may be a few blocks behind; 32 MB touched once a run
-# (first-touch pages are slow on a loaded VM).
-BLOCK_BYTES = 4 << 20
-RING_BLOCKS = 8
 # The cores from which "auto" writes from a process: the engine's thread, the reader, the assembler, and a core for
 # the writer (measured on 2 shared cores: 0.6-0.9 s of the pipeline's CPU moved out, 1.2-1.4 s spent in the process)
 WRITER_PROCESS_CORES = 4
-
-
-class _WriterProcess:
-    """The output file written by a process of its own: h5py's ~65 us per dataset (one per sentence, the allennlp
-    layout) no longer shares an interpreter lock with the pipeline. Fed through a ring of shared-memory blocks (an
-    anonymous shared mapping, inherited by the forked process: nothing named to clean up): the assembler writes
-    each dataset into a free block (`take`), sends the block's table (name, shape, dtype, offset) down a pipe
-    (`write_block`), and the process creates the datasets in that order from the block, then hands the block back.
-    An error in the process (a full disk, say) comes back as the exception it raised, with its traceback in a note,
-    to whichever side waits next; a process that dies without a word is named; `stop` ends every wait."""
-
-    def __init__(self, partial: Path, output: Output, stop: threading.Event):
-        self.stop = stop
-        self.ring = mmap.mmap(-1, RING_BLOCKS * BLOCK_BYTES)
-        self.blocks = [np.frombuffer(self.ring, np.uint8, BLOCK_BYTES, i * BLOCK_BYTES) for i in range(RING_BLOCKS)]
-        self.free = list(range(RING_BLOCKS))
-        context = multiprocessing.get_context("fork")  # the ring is inherited; nothing pickled
-        commands_in, self._commands = context.Pipe(duplex=False)
-        self._replies, replies_out = context.Pipe(duplex=False)
-        # the parent's ends go too, for the process to close: holding the commands' sending end itself, it would
-        # never see an end of file, and would outlive a parent that was killed
-        self.process = context.Process(target=_write_process, args=(partial, output, self.ring, commands_in,
-                                       replies_out, (self._commands, self._replies)), name="elmo-embed writer",
-                                       daemon=True)  # fmt: skip
-        self.process.start()
-        commands_in.close()  # the child's ends: a dead child is then an end of file here, not a wait
-        replies_out.close()
-
-    def take(self, stop: threading.Event) -> int:
-        """A free block (the assembler's thread): waits for the process to hand one back."""
-        while not self.free:
-            self._receive()
-        return self.free.pop()
-
-    def write_block(self, block: int, table: list) -> None:
-        self._send(("block", block, table))
-
-    def write_array(self, name: str, array: np.ndarray) -> None:
-        self._send(("array", name, array))
-
-    def finish(self, sentence_to_index: dict[str, str]) -> None:
-        """The datasets' moves or sentence_to_index written, the file closed: returns once the process says so."""
-        self._send(("finish", sentence_to_index))
-        while self._receive()[0] != "done":
-            pass
-        self.process.join()
-
-    def _send(self, message: tuple) -> None:
-        try:
-            self._commands.send(message)
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            while True:  # the process has ended: its error, if it sent one, or that it died
-                self._receive()
-
-    def _receive(self) -> tuple:
-        while not self._replies.poll(POLL_S):
-            if self.stop.is_set():
-                raise _Stopped
-            if not self.process.is_alive() and not self._replies.poll():
-                raise WriterError(f"the hdf5 writer process ended with exit code {self.process.exitcode}")
-        try:
-            message = self._replies.recv()
-        except EOFError:  # its end of the pipe closed: it has ended, or is ending
-            self.process.join(POLL_S * 10)
-            raise WriterError(f"the hdf5 writer process ended with exit code {self.process.exitcode}") from None
-        if message[0] == "free":
-            self.free.append(message[1])
-        elif message[0] == "error":
-            _, err, trace = message
-            if hasattr(err, "add_note"):  # Python 3.11 on (on 3.10 the process's traceback is not shown)
-                err.add_note(f"raised in the hdf5 writer process:\n{trace}")
-            raise err
-        return message
-
-    def close(self) -> None:
-        """End the process (at once, if it has not finished) and let go of the ring."""
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join()
-        self._commands.close()
-        self._replies.close()
-        self.blocks = []
-        with contextlib.suppress(BufferError):  # a view still alive somewhere: the mapping goes with it
-            self.ring.close()
-
-
-class WriterError(RuntimeError):
-    """The hdf5 writer process ended without saying why."""
-
-
-def _write_process(partial: Path, output: Output, ring: mmap.mmap, commands, replies, parents: tuple) -> None:
-    """The writer process: datasets from the ring's blocks, in the order given, then the end of the file. If the
-    parent dies (killed: it cannot say so), the commands' pipe ends and so does the process."""
-    for end in parents:
-        end.close()
-    try:
-        with h5py.File(partial, "x") as out:
-            write = _dataset_writer(out)
-            if output.sentence_keys:
-                out.create_group(PENDING)
-            while (message := commands.recv())[0] != "finish":
-                if message[0] == "array":
-                    write(message[1], message[2])
-                    continue
-                _, block, table = message
-                for name, shape, dtype, offset in table:
-                    at = block * BLOCK_BYTES + offset
-                    write(name, np.frombuffer(ring, dtype, math.prod(shape), at).reshape(shape))
-                replies.send(("free", block))
-            _finish_file(out, output, message[1])
-        replies.send(("done",))
-    except BaseException as err:
-        trace = traceback.format_exc()
-        try:
-            replies.send(("error", err, trace))
-        except OSError:  # the parent has gone (the pipe is closed): no one to tell
-            pass
-        except Exception:  # an error that does not pickle
-            with contextlib.suppress(OSError):
-                replies.send(("error", WriterError(f"{type(err).__name__}: {err}"), trace))
-
-
-def _dataset_writer(out: h5py.File):
-    """write(name, array): one float32 (or float16) dataset, through h5py's low-level calls (the high-level
-    create_dataset spends several times longer per dataset in Python, and a file holds one dataset per line)."""
-    spaces: dict[tuple, h5py.h5s.SpaceID] = {}
-    # no modification times in the object headers, as h5py's create_dataset (allennlp's) writes them: the same
-    # input gives the same file, byte for byte
-    plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-    plist.set_obj_track_times(False)
-
-    def write(name: str, array: np.ndarray) -> None:  # a contiguous float32 or float16 array (`_assemble`)
-        space = spaces.get(array.shape) or spaces.setdefault(array.shape, h5py.h5s.create_simple(array.shape))
-        kind = h5py.h5t.IEEE_F16LE if array.dtype == np.float16 else h5py.h5t.IEEE_F32LE
-        dataset = h5py.h5d.create(out.id, name.encode(), kind, space, dcpl=plist)
-        dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
-
-    return write
 
 
 def read_embeddings(path: str | Path) -> tuple[dict[int, np.ndarray], dict[str, str]]:

@@ -1,10 +1,15 @@
-"""elmo-embed's writer process (service/bulk.py `_WriterProcess`): the hdf5 file written by a process of its own,
+"""elmo-embed's writer process (service/bulk/hdf5_writer.py): the hdf5 file written by a process of its own,
 fed through a ring of shared-memory blocks, equals the thread writer's file dataset by dataset (names, shapes,
 dtypes, values, sentence_to_index) and byte for byte, with every output flag and both graphs; an error in the
-process fails elmo-embed with that error, and a process that dies is named, without a hang or a file left."""
+process fails elmo-embed with that error, and a process that dies is named, without a hang or a file left; the
+process is a fresh interpreter, which no lock or at-fork hook of its parent can hang."""
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -13,8 +18,7 @@ import h5py
 import numpy as np
 import pytest
 
-import service.bulk.pipeline
-from service.bulk import Output, WriterError, embed_file
+from service.bulk import Output, WriterError, embed_file, hdf5_writer, read_embeddings
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,7 @@ def test_the_writer_process_writes_the_thread_writers_file(engine, window_engine
                                                            graph, output, dtype, block_bytes):  # fmt: skip
     monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)  # many chunks and batches
     if block_bytes:
-        monkeypatch.setattr("service.bulk.pipeline.BLOCK_BYTES", block_bytes)  # the forked process sees it too
+        monkeypatch.setattr(hdf5_writer, "BLOCK_BYTES", block_bytes)  # the writer process is told it
     source = tmp_path / "in.txt"
     lines = sentences * 3 if not output.sentence_keys else sentences  # sentence keys refuse a repeated line
     source.write_text("".join(" ".join(s) + "\n" for s in lines))
@@ -72,59 +76,104 @@ def test_the_writer_process_writes_the_thread_writers_file(engine, window_engine
     assert files["thread"].read_bytes() == files["process"].read_bytes()
 
 
-class FailingWrites:
-    """_dataset_writer replaced (the forked writer process inherits it): the `at`-th dataset raises `error`, or, for
-    `exit`, the process ends at once with that code, as a crash would."""
+class WriterStarts:
+    """hdf5_writer's Popen wrapped: `then(process)` done to each writer process at once, as it starts (the real
+    process: a limit set on it, or a kill)."""
 
-    def __init__(self, at: int, error: BaseException | None = None, exit: int | None = None):
-        self.at, self.error, self.exit = at, error, exit
-        self.real = service.bulk.pipeline._dataset_writer
+    def __init__(self, then):
+        self.then, self.real, self.started = then, hdf5_writer.Popen, []
 
-    def __call__(self, out):
-        write, count = self.real(out), [0]
-
-        def failing(name, array):
-            count[0] += 1
-            if count[0] == self.at:
-                if self.exit is not None:
-                    import os
-
-                    os._exit(self.exit)
-                raise self.error
-            write(name, array)
-
-        return failing
+    def __call__(self, *args, **kwargs):
+        process = self.real(*args, **kwargs)
+        self.started.append(process)
+        self.then(process)
+        return process
 
 
 @pytest.mark.parametrize("graph", ["loop", "window"])
 def test_an_error_in_the_writer_process_fails_elmo_embed_with_it(engine, window_engine, sentences, tmp_path,
                                                                  monkeypatch, graph):  # fmt: skip
+    # a real write error in the process: a file size limit on it alone (Python ignores SIGXFSZ, so the write
+    # that would pass the limit fails with EFBIG, as a full disk's fails with ENOSPC)
     monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)
-    full = OSError(28, "No space left on device")
-    monkeypatch.setattr("service.bulk.pipeline._dataset_writer", FailingWrites(50, full))
+    limit = 128 << 10
+    starts = WriterStarts(lambda process: resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (limit, limit)))
+    monkeypatch.setattr(hdf5_writer, "Popen", starts)
     source = tmp_path / "in.txt"
     source.write_text("".join(" ".join(s) + "\n" for s in sentences * 10))
     threads, start = threading.active_count(), time.perf_counter()
-    with pytest.raises(OSError, match="No space left on device") as raised:
+    with pytest.raises((OSError, RuntimeError), match=r"(?i)file too large") as raised:  # as h5py words it
         embed_file(engine if graph == "loop" else window_engine, source, tmp_path / "out.hdf5", batch_tokens=200,
                    progress=False, writer="process")  # fmt: skip
+    assert len(starts.started) == 1 and starts.started[0].returncode is not None  # it said why, and is gone
     if sys.version_info >= (3, 11):  # notes from 3.11 on: the process's traceback
         assert "raised in the hdf5 writer process" in raised.value.__notes__[0]
-        assert "in failing" in raised.value.__notes__[0]  # the function that raised, in the process
+        assert "in serve" in raised.value.__notes__[0]  # the process's own traceback
     assert time.perf_counter() - start < 20  # no hang
     assert not list(tmp_path.glob("out.hdf5*")) and threading.active_count() == threads
 
 
 def test_a_writer_process_that_dies_is_named(engine, sentences, tmp_path, monkeypatch):
+    # killed (as the kernel's out-of-memory killer kills) once it has written part of the file
     monkeypatch.setattr("service.bulk.pipeline.CHUNK_BATCHES", 1)
-    monkeypatch.setattr("service.bulk.pipeline._dataset_writer", FailingWrites(20, exit=7))
+    watchers = []
+
+    def kill_once_writing(process) -> None:
+        def watch() -> None:
+            while process.poll() is None:
+                if sum(p.stat().st_size for p in tmp_path.glob("out.hdf5*")) > 256 << 10:
+                    os.kill(process.pid, signal.SIGKILL)
+                    return
+                time.sleep(0.002)
+
+        watchers.append(threading.Thread(target=watch))
+        watchers[-1].start()
+
+    monkeypatch.setattr(hdf5_writer, "Popen", WriterStarts(kill_once_writing))
     source = tmp_path / "in.txt"
     source.write_text("".join(" ".join(s) + "\n" for s in sentences * 10))
     threads, start = threading.active_count(), time.perf_counter()
-    with pytest.raises(WriterError, match="exit code 7"):
+    with pytest.raises(WriterError, match="killed by SIGKILL"):
         embed_file(engine, source, tmp_path / "out.hdf5", batch_tokens=200, progress=False, writer="process")
     assert time.perf_counter() - start < 20
+    for watcher in watchers:
+        watcher.join()
     assert not list(tmp_path.glob("out.hdf5*")) and threading.active_count() == threads
+
+
+# A process that, at the writer process's start, holds what a fork would have copied locked, or runs: a thread
+# holding h5py's lock, and an at-fork hook that never returns (as an OpenTelemetry provider's hook hung a forked
+# writer). A fork of it could never write; a fresh interpreter does not inherit them.
+HOSTILE = """
+import os, sys, threading, time
+import h5py
+from service.bulk import embed_file
+from service.engine.session import Engine
+
+engine = Engine(sys.argv[1], provider="cpu")
+os.register_at_fork(after_in_child=lambda: time.sleep(3600))
+held, release = threading.Event(), threading.Event()
+
+def hold():
+    with h5py._objects.phil:
+        held.set()
+        release.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+threading.Timer(3, release.set).start()  # the lock held while the process starts and runs
+print(embed_file(engine, sys.argv[2], sys.argv[3], batch_tokens=200, progress=False, writer="process")["sentences"])
+"""
+
+
+def test_the_writer_process_inherits_no_lock_or_fork_hook_of_its_parent(tiny_model_dir, sentences, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(s) + "\n" for s in sentences))
+    run = subprocess.run([sys.executable, "-c", HOSTILE, str(tiny_model_dir), str(source), str(tmp_path / "o.hdf5")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(len(sentences))]
+    assert len(read_embeddings(tmp_path / "o.hdf5")[0]) == len(sentences)
 
 
 def test_a_folder_that_does_not_exist_is_the_writer_process_error(engine, sentences, tmp_path):
@@ -148,15 +197,31 @@ def test_the_writer_on_the_command_line(tiny_model_dir, sentences, tmp_path):
 
 
 def test_a_writer_process_whose_parent_is_gone_ends(tmp_path):
-    # a parent that is killed closes nothing itself: the kernel closes its ends of the pipes. The process held the
-    # commands' sending end too (inherited at the fork) and so waited for a command for ever (a review found it);
-    # here the parent's ends are closed as a kill would close them
-    writer = service.bulk.pipeline._WriterProcess(tmp_path / "out.hdf5.partial", Output(), threading.Event())
+    # a parent that is killed closes nothing itself: the kernel closes its ends of the pipes (here closed as a
+    # kill would close them); the process holds none of them (a forked one once held the commands' sending end,
+    # and waited for a command for ever)
+    writer = hdf5_writer.WriterProcess(tmp_path / "out.hdf5.partial", Output(), threading.Event())
     try:
-        assert writer.process.is_alive()
+        assert writer.process.poll() is None
         writer._commands.close()
         writer._replies.close()
-        writer.process.join(10)
-        assert not writer.process.is_alive()
+        assert writer.process.wait(10) == 0
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_full_disk_ends_elmo_embed_with_the_write_s_error_not_a_crash(tiny_model_dir, sentences, tmp_path, writer):
+    # elmo-embed under a file size limit (Python ignores SIGXFSZ: the write past it fails with EFBIG, as a full
+    # disk's with ENOSPC). With HDF5's sieve buffer, the data was written as each dataset closed, in h5py's
+    # deallocation, which ignored the error; the file's close then crashed the process (SIGSEGV)
+    source = tmp_path / "in.txt"
+    source.write_text("".join(" ".join(s) + "\n" for s in sentences * 10))
+    limit = 256 << 10
+    command = [sys.executable, "-m", "service.cli", "--model", tiny_model_dir, source, tmp_path / "o.hdf5",
+               "--writer", writer, "--no-progress"]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))  # fmt: skip
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "file too large" in run.stderr.lower(), run.stderr[-2000:]
+    assert not list(tmp_path.glob("o.hdf5*"))
