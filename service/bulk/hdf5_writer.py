@@ -23,7 +23,7 @@ import threading
 import traceback
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
-from subprocess import DEVNULL, Popen
+from subprocess import DEVNULL, Popen, TimeoutExpired
 
 import h5py
 import numpy as np
@@ -38,6 +38,7 @@ RING_BLOCKS = 8
 # folder, which `python -c` would put first, may hold another `service`), serving the descriptors it is given
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _SERVE = "import sys; sys.path.insert(0, sys.argv[1]); from service.bulk.hdf5_writer import serve; serve()"
+EXIT_S = 30.0  # how long a process that has closed the file may take to exit before it is killed
 POLL_S = 0.1  # how often a wait for the process looks whether the pipeline has stopped, or the process ended
 
 
@@ -124,7 +125,11 @@ class WriterProcess:
                              stdin=DEVNULL)  # fmt: skip
         commands_in.close()  # the process's ends: a dead process is then an end of file here, not a wait
         replies_out.close()
-        self._send(("open", str(partial), output, self.block_bytes, RING_BLOCKS))
+        try:
+            self._send(("open", str(partial), output, self.block_bytes, RING_BLOCKS))
+        except BaseException:  # it died at once: nothing else will close it
+            self.close()
+            raise
 
     def take(self, stop: threading.Event) -> int:
         """A free block (the assembler's thread): waits for the process to hand one back."""
@@ -143,7 +148,10 @@ class WriterProcess:
         self._send(("finish", sentence_to_index))
         while self._receive()[0] != "done":
             pass
-        self.process.wait()
+        try:  # the file is whole and closed: the process only has its own exit left
+            self.process.wait(EXIT_S)
+        except TimeoutExpired:
+            self.process.kill()
 
     def _send(self, message: tuple) -> None:
         try:
