@@ -104,6 +104,7 @@ PRECISIONS = ("fp32", "fp16", "int8")
 MS_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops: MatMulIntegerToFloat, DynamicQuantizeMatMul
 # this project's own ops, each defined in standard ops as an ONNX function (`cell_function`, `quantize_function`)
 CELL_DOMAIN, CELL_OP, QUANTIZE_OP = "ai.elmo", "ElmoCellStep", "ElmoQuantizeRows"
+SCALED_CELL_OP = "ElmoScaledCellStep"  # CELL_OP of int8 products whose rows' scales it applies (`cell_function`)
 
 
 @dataclass(frozen=True)
@@ -226,10 +227,27 @@ class _Precision:
         # each row's own scale, so that a row's numbers do not depend on the other rows
         quantized, row_scale = g.op(QUANTIZE_OP, x, outputs=2, domain=CELL_DOMAIN, **self.int8.quantize_attributes)
         centre = g.const(self.int8.levels[1], "centre", np.uint8)
-        # the rows' scales as A's scale: ONNX Runtime multiplies its output by them in the kernel (after the columns'
-        # scales, the same float products as a Mul after it), so no Mul node; the bias after them
+        # the rows' scales as A's scale: ONNX Runtime multiplies its output by them after the columns' scales (the
+        # same float products as a Mul after it), so no Mul node, but in a pass of its own on one thread
+        # (`matmul_rows_apart` leaves them to the LSTM's step instead); the bias after them
         product = g.op("MatMulIntegerToFloat", quantized, values, row_scale, scale, centre, zero, domain=MS_DOMAIN)
         return g.op("Add", product, bias) if bias else product
+
+    def matmul_rows_apart(self, x: str, w) -> tuple[str, str]:
+        """x @ w in int8 per row (`matmul`'s product) without the rows' scales, and those scales (M, 1): ONNX
+        Runtime applies a scale a row (MatMulIntegerToFloat's A scale, where it is not one number) in a pass of its
+        own over the output after the product, on one thread, where a scale a column costs nothing (it is applied
+        inside the product). The LSTM's products feed the cell's step, which reads every gate anyway and
+        multiplies in the rows' scales (SCALED_CELL_OP): the same float products as `matmul`'s, one pass fewer."""
+        g, (values, scale, zero) = self.g, w
+        quantized, row_scale = g.op(QUANTIZE_OP, x, outputs=2, domain=CELL_DOMAIN, **self.int8.quantize_attributes)
+        one, centre = g.const(1.0, "one"), g.const(self.int8.levels[1], "centre", np.uint8)
+        return g.op("MatMulIntegerToFloat", quantized, values, one, scale, centre, zero, domain=MS_DOMAIN), row_scale
+
+    @property
+    def rows_apart(self) -> bool:
+        """The LSTM's int8 products leave their rows' scales to the step (`matmul_rows_apart`)."""
+        return bool(self.int8) and self.int8.activations != "tensor" and not self.int8.fused
 
     def matmul_bounded(self, x: str, w, bound: float, bias: str | None = None) -> str:
         """x @ w (+ bias) in int8 for x within [-bound, bound] (`Int8.bounded`): one constant scale, the product
@@ -373,7 +391,8 @@ def _loop_body(opt, cells: list, gates_x: list, biases: list, packed: _Packed, p
     """Step t of one layer, both directions, over the sentences still running (rows are sorted longest
     first, so they are the first active[t] rows). Per direction: (h, c) (B, P), (B, C) -> next (h, c),
     and h as scan output. `gates_x`: each direction's input products (N, 4C), scaled, not biased (`Int8.fused`:
-    its input rows (N, P)); `biases`: each direction's gate bias (4C,). Between the state's product and the
+    its input rows (N, P); int8 by rows otherwise: the products and their rows' scales (N, 1),
+    `_Precision.matmul_rows_apart`); `biases`: each direction's gate bias (4C,). Between the state's product and the
     projection, a step is one `CELL_OP` node (`cell_function`). The weights live in the body as 2-D constants so
     ONNX Runtime pre-packs them once (see the module docstring). What a step reads of the packed layout is one
     Gather each, shared by both directions: each node of the body runs at every step (a node costs its own kernel's
@@ -402,12 +421,16 @@ def _loop_body(opt, cells: list, gates_x: list, biases: list, packed: _Packed, p
             gates_t = p.matmul(joint, w_joint, b.const(bias, "b_input"))  # (n_t, 2P)
             h, c = _cell_step(p, opt, w_proj, gates_t, c_run)
         else:
-            gates_h = p.matmul(h_run, p.matrix(_np(cell.w_hidden), "w_hidden"))  # (n_t, 4C)
+            w_hidden, m = p.matrix(_np(cell.w_hidden), "w_hidden"), f"m_{d}"
+            if p.rows_apart:  # the products' rows' scales applied in the step
+                (gates, scale_x), (gates_h, scale_h) = gates, p.matmul_rows_apart(h_run, w_hidden)
+                op, scales = SCALED_CELL_OP, [scale_x, scale_h]
+            else:
+                op, scales, gates_h = CELL_OP, [], p.matmul(h_run, w_hidden)  # (n_t, 4C)
             # the whole state in and out: the op copies the finished rows' (never read again, kept for the
             # state outputs) where a Split and a Concat would pass over every row's
-            m = f"m_{d}"
-            step = [gates, first, last, gates_h, b.const(bias, "b_gates"), c_in, sizes]
-            b.op(CELL_OP, *step, domain=CELL_DOMAIN, cell_clip=float(opt.cell_clip or 0.0), out=[f"c_{d}_next", m])
+            step = [gates, first, last, gates_h, b.const(bias, "b_gates"), c_in, sizes, *scales]
+            b.op(op, *step, domain=CELL_DOMAIN, cell_clip=float(opt.cell_clip or 0.0), out=[f"c_{d}_next", m])
             h = _projected(p, opt, w_proj, m)
         b.op("Concat", h, h_done, axis=0, out=[f"h_{d}_next"])  # finished rows keep their state: never read
         if p.int8 and p.int8.fused:
@@ -420,18 +443,26 @@ def _loop_body(opt, cells: list, gates_x: list, biases: list, packed: _Packed, p
     return helper.make_graph(b.nodes, "step", inputs, outputs + scans, initializer=b.initializers)
 
 
-def cell_function(cell_clip: float) -> onnx.FunctionProto:
+def cell_function(cell_clip: float, scaled: bool = False) -> onnx.FunctionProto:
     """ElmoCellStep, one step of the projected LSTM cell between its products, as an ONNX function of standard ops:
     (gates_x (N, 4C), first, last (1,), gates_h (n, 4C), bias (4C,), c (B, C), sizes [n, B - n]) -> (c' (B, C),
     m (n, C)): for the first n rows (those running) c' = clip(sigmoid(f) * c + sigmoid(i) * tanh(j)) and m =
     sigmoid(o) * tanh(c'), the gates (gates_x[first:last] + bias) + gates_h in the order i, j, f, o; the other rows
     of c' are c's. ONNX Runtime inlines a model's function where no kernel of that name is registered, so the
     graph runs as the ops below anywhere; an engine that loads this project's kernel of it
-    (service/engine/native/ops.cc) makes the step one pass over the gates instead of a dozen."""
+    (service/engine/native/ops.cc) makes the step one pass over the gates instead of a dozen. `scaled`:
+    SCALED_CELL_OP, two more inputs, the rows' scales of int8 products that come without them
+    (`_Precision.matmul_rows_apart`), scale_x (N, 1) and scale_h (n, 1): the gates (gates_x[first:last] *
+    scale_x[first:last] + bias) + gates_h * scale_h."""
     g = _Graph("cell_")
     gates_x, first, last, gates_h, bias, state, sizes = "gates_x", "first", "last", "gates_h", "bias", "c", "sizes"
     c, c_done = g.op("Split", state, sizes, axis=0, outputs=2)
-    gates = g.op("Add", g.op("Add", g.op("Slice", gates_x, first, last, g.constant([0], np.int64)), bias), gates_h)
+    axis0 = g.constant([0], np.int64)
+    x_t, h_t = g.op("Slice", gates_x, first, last, axis0), gates_h
+    if scaled:
+        x_t = g.op("Mul", x_t, g.op("Slice", "scale_x", first, last, axis0))
+        h_t = g.op("Mul", h_t, "scale_h")
+    gates = g.op("Add", g.op("Add", x_t, bias), h_t)
     i, j, f, o = g.op("Split", gates, outputs=4, axis=1)
     update = g.op("Mul", g.op("Sigmoid", f), c), g.op("Mul", g.op("Sigmoid", i), g.op("Tanh", j))
     c_next = g.op("Add", *update)
@@ -441,8 +472,8 @@ def cell_function(cell_clip: float) -> onnx.FunctionProto:
     g.op("Mul", g.op("Sigmoid", o), g.op("Tanh", c_next), out=["m"])
     return helper.make_function(
         CELL_DOMAIN,
-        CELL_OP,
-        [gates_x, first, last, gates_h, bias, state, sizes],
+        SCALED_CELL_OP if scaled else CELL_OP,
+        [gates_x, first, last, gates_h, bias, state, sizes, *(["scale_x", "scale_h"] if scaled else [])],
         ["c_next", "m"],
         g.nodes,
         [helper.make_opsetid("", OPSET)],
@@ -510,7 +541,8 @@ def build_onnx_model(model: BiLM, precision: str = "fp32", int8: Int8 | None = N
         g.op("Gather", g.op("Transpose", stacked, perm=[0, 2, 1, 3]), unsort, axis=1, out=[f"layers_{d}"])
         graph_outputs.append(helper.make_tensor_value_info(f"layers_{d}", f32, shape))
     graph_outputs.append(helper.make_tensor_value_info("token_vectors", f32, ["tokens", opt.proj_dim]))
-    functions = [] if p.int8 and p.int8.fused else [cell_function(float(opt.cell_clip or 0.0))]  # the bodies' CELL_OP
+    # the bodies' CELL_OP (or SCALED_CELL_OP)
+    functions = [] if p.int8 and p.int8.fused else [cell_function(float(opt.cell_clip or 0.0), p.rows_apart)]
     if p.int8 and p.int8.activations != "tensor":
         functions.append(quantize_function(*p.int8.levels))
     return _model(g, "elmo_bilm", graph_inputs, graph_outputs, ms_domain=p.int8 is not None, functions=functions)
@@ -570,10 +602,13 @@ def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, star
         bias[2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
         biases.append(bias)
         rows = g.op("Gather", g.op("Reshape", x_d, packed.flat_shape), packed.index)  # (N, P): real positions
+        w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
         if p.int8 and p.int8.fused:  # the products in the loop (`_loop_body`)
             gates_x.append(rows)
+        elif p.rows_apart:  # (N, 4C) and its rows' scales (N, 1), which the step applies
+            gates_x.append(p.matmul_rows_apart(rows, w_input))
         else:  # the bias is added in the step, with the state's product (`cell_function`): no pass of its own
-            gates_x.append(p.matmul(rows, p.matrix(_np(cell.w_input), f"w_input{k}")))  # (N, 4C)
+            gates_x.append(p.matmul(rows, w_input))  # (N, 4C)
         for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
             name = f"{kind}_{d}{k}"
             graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))

@@ -23,8 +23,10 @@ MANIFEST = "manifest.json"
 # but an export cached by version 9 (service/export_cache.py) lacks them, so it is made again.
 # 11: the Loop graphs' steps as one ElmoCellStep node (an ONNX function, or this project's kernel of it: engine/native),
 # fed as version 10 is; an export cached by version 10 is made again, for the kernel.
-GRAPH_VERSION = 11
-READABLE_GRAPH_VERSIONS = (6, 7, 8, 9, 10, 11)
+# 12: the int8 Loop graphs' LSTM products leave their rows' scales to the step (ElmoScaledCellStep), which ONNX
+# Runtime applied in a pass of its own on one thread; fed as version 11 is, an export cached by 11 is made again.
+GRAPH_VERSION = 12
+READABLE_GRAPH_VERSIONS = (6, 7, 8, 9, 10, 11, 12)
 WINDOW_GRAPH_VERSION = 8
 # 3: the manifest records each file's sha256 (`files`), which start-up checks (`verify_files`).
 FORMAT_VERSION = 3

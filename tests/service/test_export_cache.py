@@ -206,14 +206,14 @@ def test_a_manifest_naming_other_sources_is_unusable(tmp_path, tiny_model_dir, s
 
 
 def test_an_export_cached_by_the_previous_graph_version_is_made_again(tmp_path, tiny_model_dir):
-    """Version 10's exports are still served as model folders (READABLE_GRAPH_VERSIONS), but one cached before
-    version 11 lacks its ElmoCellStep nodes (so the kernel has nothing to run): the cache makes it again, not
-    reuse it."""
+    """Version 11's exports are still served as model folders (READABLE_GRAPH_VERSIONS), but one cached before
+    version 12 applies its int8 products' rows' scales in ONNX Runtime's one-thread pass, not in the step (the
+    kernel's ElmoScaledCellStep): the cache makes it again, not reuse it."""
     from service.manifest import GRAPH_VERSION, READABLE_GRAPH_VERSIONS
 
-    assert GRAPH_VERSION == 11 and 10 in READABLE_GRAPH_VERSIONS
-    why = _unusable_once_changed(tmp_path, tiny_model_dir, lambda manifest: manifest.update(graph_version=10))
-    assert why == "graph version 10, and this engine's is 11"
+    assert GRAPH_VERSION == 12 and 11 in READABLE_GRAPH_VERSIONS
+    why = _unusable_once_changed(tmp_path, tiny_model_dir, lambda manifest: manifest.update(graph_version=11))
+    assert why == "graph version 11, and this engine's is 12"
 
 
 def _unusable_once_changed(tmp_path: Path, tiny_model_dir: Path, change) -> str | None:

@@ -21,6 +21,14 @@
 //           m       (n, C): sigmoid(o) * tanh(c_next), the projection's input.
 //   Gates in the order i, j, f, o (model_export/bilm.py).
 //
+// ElmoScaledCellStep: ElmoCellStep of int8 products that come without their rows' scales, two more inputs:
+//           scale_x (N, 1) float:  each packed position's scale of its input product;
+//           scale_h (n, 1) float:  each running row's scale of its state product;
+//   the gates (gates_x * scale_x + bias) + gates_h * scale_h. ONNX Runtime's MatMulIntegerToFloat applies a scale a
+//   row of its input in a pass of its own after the product, on one thread (its ScaleOutput); its scale a column
+//   it applies inside the product. So the graph gives it a scale of 1 for the rows, and the step, which reads the
+//   gates anyway, multiplies them by the rows' scales: the same products of floats, no pass over (rows, 4C).
+//
 // ElmoQuantizeRows: int8's quantization of a product's input, each row with a scale of its own (a sentence's
 // numbers never depend on its batch), where the standard ops take six nodes and three passes over the rows:
 //   input   x (M, K) float;  attributes top (float: 63 or 127), centre (int: 64 or 128);
@@ -209,15 +217,16 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void cells(const float* __restrict x, const float* __restrict h, const float* __restrict bias,
            const float* __restrict c, float* __restrict c_next, float* __restrict m, int64_t stride, int64_t count,
-           float clip) {
+           float clip, float sx, float sh) {
   const float lo = clip > 0 ? -clip : -INFINITY;
   const float hi = clip > 0 ? clip : INFINITY;
   for (int64_t k = 0; k < count; ++k) {
-    // (input product + bias) + state product: the order of the op's standard ops
-    const float i = sigmoid((x[k] + bias[k]) + h[k]);
-    const float j = tanh_((x[stride + k] + bias[stride + k]) + h[stride + k]);
-    const float f = sigmoid((x[2 * stride + k] + bias[2 * stride + k]) + h[2 * stride + k]);
-    const float o = sigmoid((x[3 * stride + k] + bias[3 * stride + k]) + h[3 * stride + k]);
+    // (input product * its row's scale + bias) + state product * its row's scale: the order of the op's standard
+    // ops. ElmoCellStep's scales are 1, and x * 1 + b (an FMA or not) is x + b to the bit
+    const float i = sigmoid((x[k] * sx + bias[k]) + h[k] * sh);
+    const float j = tanh_((x[stride + k] * sx + bias[stride + k]) + h[stride + k] * sh);
+    const float f = sigmoid((x[2 * stride + k] * sx + bias[2 * stride + k]) + h[2 * stride + k] * sh);
+    const float o = sigmoid((x[3 * stride + k] * sx + bias[3 * stride + k]) + h[3 * stride + k] * sh);
     float next = f * c[k] + i * j;
     next = next < lo ? lo : (next > hi ? hi : next);
     c_next[k] = next;
@@ -230,6 +239,7 @@ constexpr int64_t kBlock = 1024;
 
 struct Step {
   const float *gates_x, *gates_h, *bias, *c;
+  const float *scale_x, *scale_h;  // the step's rows' scales (ElmoScaledCellStep), or null: 1
   float *c_next, *m;
   int64_t cell, blocks;
   float clip;
@@ -240,7 +250,8 @@ void run_block(void* data, size_t index) {
   const int64_t row = static_cast<int64_t>(index) / s.blocks, k = static_cast<int64_t>(index) % s.blocks * kBlock;
   const int64_t count = std::min(kBlock, s.cell - k);
   cells(s.gates_x + row * 4 * s.cell + k, s.gates_h + row * 4 * s.cell + k, s.bias + k, s.c + row * s.cell + k,
-        s.c_next + row * s.cell + k, s.m + row * s.cell + k, s.cell, count, s.clip);
+        s.c_next + row * s.cell + k, s.m + row * s.cell + k, s.cell, count, s.clip,
+        s.scale_x ? s.scale_x[row] : 1.0f, s.scale_h ? s.scale_h[row] : 1.0f);
 }
 
 struct Kernel {
@@ -252,9 +263,12 @@ void* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* 
   return new Kernel{api, attribute(api, info, "cell_clip", 0.0f, kKernelInfoGetAttributeFloat)};  // 0: no clip
 }
 
+// ElmoCellStep (`scaled` false) and ElmoScaledCellStep (true: inputs 7 and 8, the products' rows' scales)
+template <bool scaled>
 void compute(void* state, OrtKernelContext* context) {
   const auto* kernel = static_cast<Kernel*>(state);
   const OrtApi* api = kernel->api;
+  const char* name = scaled ? "ElmoScaledCellStep" : "ElmoCellStep";
   const Tensor gates_x = input(api, context, 0), first = input(api, context, 1), last = input(api, context, 2),
                gates_h = input(api, context, 3), bias = input(api, context, 4), c = input(api, context, 5),
                sizes = input(api, context, 6);
@@ -266,13 +280,26 @@ void compute(void* state, OrtKernelContext* context) {
       sizes.dims[0] != 2 || gates_x.dims[1] != 4 * cell || gates_h.dims[1] != 4 * cell || bias.dims[0] != 4 * cell ||
       rows > batch || split[0] != rows || split[1] != batch - rows || start < 0 || end != start + rows ||
       end > gates_x.dims[0])
-    throw std::runtime_error("ElmoCellStep: inputs of inconsistent shapes");
+    throw std::runtime_error(std::string(name) + ": inputs of inconsistent shapes");
+  Tensor scale_x, scale_h;
+  if (scaled) {
+    scale_x = input(api, context, 7);
+    scale_h = input(api, context, 8);
+    if (scale_x.rank != 2 || scale_x.dims[0] != gates_x.dims[0] || scale_x.dims[1] != 1 || scale_h.rank != 2 ||
+        scale_h.dims[0] != rows || scale_h.dims[1] != 1)
+      throw std::runtime_error(std::string(name) + ": scales of inconsistent shapes");
+  }
   float* c_next = output(api, context, 0, batch, cell);
   // the finished rows' state, as it was (a copy: ONNX Runtime's inputs are read-only)
   std::memcpy(c_next + rows * cell, c.data + rows * cell, sizeof(float) * static_cast<size_t>((batch - rows) * cell));
-  Step step{gates_x.data + start * 4 * cell, gates_h.data, bias.data, c.data, c_next,
-            output(api, context, 1, rows, cell), cell, (cell + kBlock - 1) / kBlock, kernel->clip};
+  Step step{gates_x.data + start * 4 * cell, gates_h.data, bias.data, c.data,
+            scaled ? scale_x.data + start : nullptr, scaled ? scale_h.data : nullptr,
+            c_next, output(api, context, 1, rows, cell), cell, (cell + kBlock - 1) / kBlock, kernel->clip};
   parallel(api, context, run_block, static_cast<size_t>(rows * step.blocks), &step);
+}
+
+ElementType cell_input_type(const OrtCustomOp*, size_t index) {
+  return index == 1 || index == 2 || index == 6 ? kInt64 : kFloat;
 }
 
 const OrtCustomOp kCellStep = {
@@ -280,11 +307,27 @@ const OrtCustomOp kCellStep = {
     create_kernel,
     [](const OrtCustomOp*) { return "ElmoCellStep"; },
     cpu_provider,
-    [](const OrtCustomOp*, size_t index) { return index == 1 || index == 2 || index == 6 ? kInt64 : kFloat; },
+    cell_input_type,
     [](const OrtCustomOp*) -> size_t { return 7; },
     [](const OrtCustomOp*, size_t) { return kFloat; },
     [](const OrtCustomOp*) -> size_t { return 2; },
-    compute,
+    compute<false>,
+    [](void* kernel) { delete static_cast<Kernel*>(kernel); },
+    required_in_default_memory,  // GetInputCharacteristic
+    required_in_default_memory,  // GetOutputCharacteristic
+    required_in_default_memory,  // GetInputMemoryType
+};
+
+const OrtCustomOp kScaledCellStep = {
+    13,
+    create_kernel,
+    [](const OrtCustomOp*) { return "ElmoScaledCellStep"; },
+    cpu_provider,
+    cell_input_type,
+    [](const OrtCustomOp*) -> size_t { return 9; },
+    [](const OrtCustomOp*, size_t) { return kFloat; },
+    [](const OrtCustomOp*) -> size_t { return 2; },
+    compute<true>,
     [](void* kernel) { delete static_cast<Kernel*>(kernel); },
     required_in_default_memory,  // GetInputCharacteristic
     required_in_default_memory,  // GetOutputCharacteristic
@@ -382,7 +425,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
     OrtCustomOpDomain* ops = nullptr;
     OrtStatus* status = entry<OrtStatus* (*)(const char*, OrtCustomOpDomain**)>(api, kCreateCustomOpDomain)(
         "ai.elmo", &ops);
-    for (const OrtCustomOp* op : {&kCellStep, &kQuantizeRows}) {
+    for (const OrtCustomOp* op : {&kCellStep, &kScaledCellStep, &kQuantizeRows}) {
       if (status != nullptr) return status;
       status = entry<OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*)>(api, kCustomOpDomainAdd)(ops, op);
     }

@@ -15,6 +15,7 @@ from model_export.onnx_graph import (
     IR_VERSION,
     OPSET,
     QUANTIZE_OP,
+    SCALED_CELL_OP,
     cell_function,
     quantize_function,
 )
@@ -24,6 +25,7 @@ from service.engine.session import Engine
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 INPUTS = [("gates_x", F32), ("first", I64), ("last", I64), ("gates_h", F32), ("bias", F32), ("c", F32), ("sizes", I64)]
+SCALES = [("scale_x", F32), ("scale_h", F32)]  # SCALED_CELL_OP's two more
 
 
 def one_node(op: str, inputs: list, outputs: list, function, kernel: bool, **attributes) -> ort.InferenceSession:
@@ -42,9 +44,10 @@ def one_node(op: str, inputs: list, outputs: list, function, kernel: bool, **att
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def one_step(cell_clip: float, kernel: bool) -> ort.InferenceSession:
+def one_step(cell_clip: float, kernel: bool, scaled: bool = False) -> ort.InferenceSession:
     outputs = [("c_next", F32), ("m", F32)]
-    return one_node(CELL_OP, INPUTS, outputs, cell_function(cell_clip), kernel, cell_clip=cell_clip)
+    op, inputs = (SCALED_CELL_OP, INPUTS + SCALES) if scaled else (CELL_OP, INPUTS)
+    return one_node(op, inputs, outputs, cell_function(cell_clip, scaled), kernel, cell_clip=cell_clip)
 
 
 def ran(session: ort.InferenceSession, feeds: dict) -> tuple[list[np.ndarray], set[str]]:
@@ -59,9 +62,15 @@ def ran(session: ort.InferenceSession, feeds: dict) -> tuple[list[np.ndarray], s
     return outputs, ops
 
 
-def step_feeds(rng, total: int, first: int, rows: int, cell: int, scale: float, done: int = 2) -> dict:
-    """A step's inputs: `rows` running rows, `done` finished ones after them in the state."""
-    return {
+def step_feeds(rng, total: int, first: int, rows: int, cell: int, scale: float, done: int = 2,
+               scaled: bool = False) -> dict:  # fmt: skip
+    """A step's inputs: `rows` running rows, `done` finished ones after them in the state; `scaled`: and the
+    products' rows' scales (SCALED_CELL_OP's), each row's own, from 1/400 to 4."""
+    scales = {
+        "scale_x": rng.uniform(0.0025, 4, (total, 1)).astype(np.float32),
+        "scale_h": rng.uniform(0.0025, 4, (rows, 1)).astype(np.float32),
+    }
+    return (scales if scaled else {}) | {
         "gates_x": (rng.standard_normal((total, 4 * cell)) * scale).astype(np.float32),
         "first": np.array([first], np.int64),
         "last": np.array([first + rows], np.int64),
@@ -78,6 +87,7 @@ def test_the_install_built_the_kernel():
     assert found is not None and found.is_file()
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["step", "scaled-step"])
 @pytest.mark.parametrize("cell_clip", [3.0, 0.0])
 @pytest.mark.parametrize(
     ("total", "first", "rows", "cell", "scale"),
@@ -89,12 +99,16 @@ def test_the_install_built_the_kernel():
         (4, 2, 0, 16, 1.0),  # no rows
     ],
 )
-def test_the_kernel_computes_what_the_ops_do(total, first, rows, cell, scale, cell_clip):
-    feeds = step_feeds(np.random.default_rng(rows * 1000 + cell), total, first, rows, cell, scale)
-    (c_ops, m_ops), ops = ran(one_step(cell_clip, kernel=False), feeds)
-    (c_kernel, m_kernel), kernel = ran(one_step(cell_clip, kernel=True), feeds)
-    assert CELL_OP not in ops and {"Slice", "Split", "Sigmoid", "Tanh"} <= ops  # the function, inlined
-    assert kernel == {CELL_OP}
+def test_the_kernel_computes_what_the_ops_do(total, first, rows, cell, scale, cell_clip, scaled):
+    feeds = step_feeds(np.random.default_rng(rows * 1000 + cell), total, first, rows, cell, scale, scaled=scaled)
+    if scaled:  # products as large as the unscaled test's once their rows' scales are in
+        feeds["gates_x"] /= feeds["scale_x"]
+        feeds["gates_h"] /= feeds["scale_h"]
+    op = SCALED_CELL_OP if scaled else CELL_OP
+    (c_ops, m_ops), ops = ran(one_step(cell_clip, kernel=False, scaled=scaled), feeds)
+    (c_kernel, m_kernel), kernel = ran(one_step(cell_clip, kernel=True, scaled=scaled), feeds)
+    assert op not in ops and {"Slice", "Split", "Sigmoid", "Tanh"} <= ops  # the function, inlined
+    assert kernel == {op}
     assert c_kernel.shape == c_ops.shape == (rows + 2, cell) and m_kernel.shape == m_ops.shape == (rows, cell)
     np.testing.assert_array_equal(c_kernel[rows:], feeds["c"][rows:])  # the finished rows' state, kept
     # relative to float's epsilon: the kernel's exp is a polynomial, ONNX Runtime's Sigmoid and Tanh its own
@@ -142,6 +156,18 @@ def test_inputs_of_inconsistent_shapes_are_an_error_not_a_crash():
         session.run(None, feeds)
     feeds["last"] = np.array([4], np.int64)
     assert session.run(None, feeds)[0].shape == (5, 8)  # and the session goes on
+
+
+@pytest.mark.parametrize(("name", "shape"), [("scale_x", (4, 1)), ("scale_h", (3, 2)), ("scale_h", (3,))])
+def test_scales_of_inconsistent_shapes_are_an_error_not_a_crash(name, shape):
+    session = one_step(3.0, kernel=True, scaled=True)
+    feeds = step_feeds(np.random.default_rng(0), 5, 1, 3, 8, 1.0, scaled=True)
+    good = feeds[name]
+    feeds[name] = np.ones(shape, np.float32)  # scale_x: one row short of the packed positions'
+    with pytest.raises(Exception, match="ElmoScaledCellStep: scales of inconsistent shapes"):
+        session.run(None, feeds)
+    feeds[name] = good
+    assert session.run(None, feeds)[0].shape == (5, 8)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
