@@ -27,18 +27,18 @@ graph's scheme (`Int8`'s candidates around the products); and ONNX Runtime's qua
 (onnxruntime.quantization.quantize_dynamic on model.onnx, EnableSubgraph for the Loop bodies: `ort-...`), per
 channel or per tensor (`-pt`), reduced range (`-rr`), uint8 weights (`-u8`), the char-CNN's Conv too (`-conv`).
 
-With `--profile`, the time around the products instead. On a CPU whose integer products are fast (VNNI, AMX) an
-int8 token's time is decided by what is not an integer product: the char CNN, the cell's pointwise nodes,
-quantizing activations, the Loop's own work. This measures that part on any host: each engine (token cache off)
-embeds the same length-sorted batches of made-up sentences (every token distinct, so each costs its full char CNN)
-under ONNX Runtime's profiler, every batch by each engine in turn, and each node type's time is divided by the
-tokens embedded. "products" are the int8 graph's integer products (`INTEGER_PRODUCTS`) and the fp32 graph's float
-ones (`FLOAT_PRODUCTS`); the rest is the "other" figure, also by part of the model (a pass the integer product's
-kernel makes itself, as its rows' scaling, counts as the product's: compare the totals too). Profiled: fp32 and the
-`--schemes` (default: the export's two int8 graphs as it wrote them, `export` and `export-vnni`; any other name is a
-candidate, built afresh). `--baseline FOLDER`: an export of the same model by other code (main's, say), its fp32
-and int8 graphs profiled first in the same turns, and fp32 then built afresh by this tree. The yardstick and the
-CPU's flags are printed beside, from the same run.
+With `--profile`, the time around the products instead. On a CPU whose integer products are fast (VNNI, AMX) an int8
+token's time is decided by what is not an integer product: the char CNN, the cell's pointwise nodes, quantizing
+activations, the Loop's own work. This measures that part on any host: each engine (token cache off) embeds the same
+length-sorted batches of made-up sentences (every token distinct, so each costs its full char CNN) under ONNX
+Runtime's profiler, every batch by each engine in turn after a warm-up round, and each node type's time is divided
+by the tokens embedded. "products" are the int8 graph's integer products (`INTEGER_PRODUCTS`) and the fp32 graph's
+float ones (`FLOAT_PRODUCTS`); the rest is the "other" figure, also by part of the model (a pass the integer
+product's kernel makes itself, as a scale a row, counts as the product's: compare the totals too). Profiled: fp32
+and the `--schemes` (default: the export's two int8 graphs as it wrote them, `export` and `export-vnni`; any other
+name is a candidate, built afresh). `--baseline FOLDER`: an export of the same model by other code (main's, say),
+its fp32 and int8 graphs profiled first in the same turns, and fp32 then built afresh by this tree. The yardstick
+and the CPU's flags are printed beside, from the same run.
 """
 
 from __future__ import annotations
@@ -249,14 +249,17 @@ def profile_main(export: Path, model, schemes: list[str], sentences: int, thread
           f"{len(batches)} batches a round, {threads} threads, every batch run by each engine in turn")  # fmt: skip
     engines = {name: profiled_engine(folder, precision, threads, graph=graph, kernels=not name.endswith("-ops"))
                for name, (folder, precision, graph) in runs.items()}  # fmt: skip
-    for engine in engines.values():
-        engine.run(batches[0])  # the warm-up call, left out
+    # a warm-up round, left out: an engine's first call of each batch's shapes costs it 1.5-3x a later one (its
+    # memory's first use, 490 MiB at full size), which a long bulk run pays once
+    for batch in batches:
+        for engine in engines.values():
+            engine.run(batch)
     for _ in range(rounds):
         for batch in batches:
             for engine in engines.values():
                 engine.run(batch)
     for name, engine in engines.items():
-        print("\n".join(report(name, runs[name][1], node_times(engine), tokens)), flush=True)
+        print("\n".join(report(name, runs[name][1], node_times(engine, len(batches)), tokens)), flush=True)
     yardstick.finish()
     print("\n".join(yardstick.lines(opt)))
 

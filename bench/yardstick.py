@@ -241,8 +241,8 @@ def profiled_engine(model: Path, precision: str, threads: int, **engine):
 INLINED = "_inlfunc_"  # how ONNX Runtime names the nodes it inlines from a function's body
 
 
-def node_times(engine) -> dict[str, tuple[str, float]]:
-    """Each node's name -> (its type, its seconds) in a `profiled_engine`'s calls but its first (a warm-up), from
+def node_times(engine, warm_runs: int = 1) -> dict[str, tuple[str, float]]:
+    """Each node's name -> (its type, its seconds) in a `profiled_engine`'s calls but its first `warm_runs`, from
     ONNX Runtime's profiler, which this ends. The Loop bodies' nodes count as theirs (named `.../step/...`), and a
     `Loop` node's seconds are its own beyond its body's nodes (its scheduling of the steps). The nodes ONNX Runtime
     inlined from a function (ElmoCellStep's standard ops, where no kernel runs it) lose their scope (`INLINED`):
@@ -252,7 +252,8 @@ def node_times(engine) -> dict[str, tuple[str, float]]:
     path = Path(engine.session.end_profiling())
     events = json.loads(path.read_text())
     path.unlink()
-    warm_until = min(e["ts"] + e["dur"] for e in events if e.get("name") == "model_run")
+    runs = sorted(e["ts"] + e["dur"] for e in events if e.get("name") == "model_run")
+    warm_until = runs[warm_runs - 1] if warm_runs else 0
     nodes: dict[str, tuple[str, float]] = {}
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= warm_until:
