@@ -224,14 +224,18 @@ class _Precision:
         g, (values, scale, zero) = self.g, w
         if self.int8.activations == "tensor":
             return g.op("DynamicQuantizeMatMul", x, values, scale, zero, *([bias] if bias else []), domain=MS_DOMAIN)
-        # each row's own scale, so that a row's numbers do not depend on the other rows
-        quantized, row_scale = g.op(QUANTIZE_OP, x, outputs=2, domain=CELL_DOMAIN, **self.int8.quantize_attributes)
-        centre = g.const(self.int8.levels[1], "centre", np.uint8)
+        quantized, row_scale, centre = self._quantized_rows(x)
         # the rows' scales as A's scale: ONNX Runtime multiplies its output by them after the columns' scales (the
         # same float products as a Mul after it), so no Mul node, but in a pass of its own on one thread
         # (`matmul_rows_apart` leaves them to the LSTM's step instead); the bias after them
         product = g.op("MatMulIntegerToFloat", quantized, values, row_scale, scale, centre, zero, domain=MS_DOMAIN)
         return g.op("Add", product, bias) if bias else product
+
+    def _quantized_rows(self, x: str) -> tuple[str, str, str]:
+        """x quantized a row at a time (`QUANTIZE_OP`): each row's own scale, so that a row's numbers do not depend
+        on the other rows. Returns the quantized rows, their scales (M, 1) and the zero point they are centred on."""
+        quantized, row_scale = self.g.op(QUANTIZE_OP, x, outputs=2, domain=CELL_DOMAIN, **self.int8.quantize_attributes)
+        return quantized, row_scale, self.g.const(self.int8.levels[1], "centre", np.uint8)
 
     def matmul_rows_apart(self, x: str, w) -> tuple[str, str]:
         """x @ w in int8 per row (`matmul`'s product) without the rows' scales, and those scales (M, 1): ONNX
@@ -240,8 +244,8 @@ class _Precision:
         inside the product). The LSTM's products feed the cell's step, which reads every gate anyway and
         multiplies in the rows' scales (SCALED_CELL_OP): the same float products as `matmul`'s, one pass fewer."""
         g, (values, scale, zero) = self.g, w
-        quantized, row_scale = g.op(QUANTIZE_OP, x, outputs=2, domain=CELL_DOMAIN, **self.int8.quantize_attributes)
-        one, centre = g.const(1.0, "one"), g.const(self.int8.levels[1], "centre", np.uint8)
+        quantized, row_scale, centre = self._quantized_rows(x)
+        one = g.const(1.0, "one")
         return g.op("MatMulIntegerToFloat", quantized, values, one, scale, centre, zero, domain=MS_DOMAIN), row_scale
 
     @property
@@ -602,13 +606,12 @@ def _loop_layer(p: _Precision, opt, k: int, cells, inputs, packed: _Packed, star
         bias[2 * opt.cell_dim : 3 * opt.cell_dim] += FORGET_BIAS  # gates i, j, f, o
         biases.append(bias)
         rows = g.op("Gather", g.op("Reshape", x_d, packed.flat_shape), packed.index)  # (N, P): real positions
-        w_input = p.matrix(_np(cell.w_input), f"w_input{k}")
         if p.int8 and p.int8.fused:  # the products in the loop (`_loop_body`)
             gates_x.append(rows)
         elif p.rows_apart:  # (N, 4C) and its rows' scales (N, 1), which the step applies
-            gates_x.append(p.matmul_rows_apart(rows, w_input))
+            gates_x.append(p.matmul_rows_apart(rows, p.matrix(_np(cell.w_input), f"w_input{k}")))
         else:  # the bias is added in the step, with the state's product (`cell_function`): no pass of its own
-            gates_x.append(p.matmul(rows, w_input))  # (N, 4C)
+            gates_x.append(p.matmul(rows, p.matrix(_np(cell.w_input), f"w_input{k}")))  # (N, 4C)
         for kind, initial, size in (("h", cell.h0, opt.proj_dim), ("c", cell.c0, opt.cell_dim)):
             name = f"{kind}_{d}{k}"
             graph_inputs.append(helper.make_tensor_value_info(name, f32, ["batch", size]))
