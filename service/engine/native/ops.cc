@@ -181,58 +181,112 @@ const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
 int required_in_default_memory(const OrtCustomOp*, size_t) { return 0; }
 
 // ---- the arithmetic ------------------------------------------------------------------------------------------
+// Where a product and a sum round once (an FMA) is written out, `madd`, not left to the compiler: the step's gates
+// must round each product before its sum, as the op's function (a Mul, then an Add) does, or an ulp of gates near
+// 100 shows as 5e-6 in m; its polynomials take the FMAs the target has. kFma: the target has them (a loop of
+// plain products and sums where it has not, no call to a software fma).
+template <bool kFma>
+__attribute__((always_inline)) inline float madd(float a, float b, float c) {
+  if constexpr (kFma) return __builtin_fmaf(a, b, c);
+  return a * b + c;  // two roundings: the library is built with -ffp-contract=off
+}
+
 // exp by range reduction, x = n ln2 + r with |r| <= ln2 / 2, and exp(r) by its Taylor series to r^7 (relative
 // error 5e-9, below float's 6e-8): plain arithmetic, so the compiler vectorizes the row's loop for each target.
+template <bool kFma>
 __attribute__((always_inline)) inline float exp_reduced(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // not fmin/fmax: their NaN rules keep loops scalar
   // n = round(x / ln2) by adding and taking away 1.5 * 2^23 (float's rounding to nearest does the rounding): SSE2
   // has no vector floor, and every vector width has adds
-  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float shifted = madd<kFma>(x, 1.44269504088896341f, 12582912.0f);
   const float n = shifted - 12582912.0f;
-  // ln2 in two parts, n * hi exact; the sums of products below become FMAs where the target has them
-  // (-ffp-contract=fast), plain products and sums where it has not (no call to a software fma)
-  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  // ln2 in two parts, n * hi exact
+  const float r = madd<kFma>(-n, 1.428606765330187e-06f, madd<kFma>(-n, 0.693145751953125f, x));
   float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  p = madd<kFma>(p, r, 1.0f / 720);
+  p = madd<kFma>(p, r, 1.0f / 120);
+  p = madd<kFma>(p, r, 1.0f / 24);
+  p = madd<kFma>(p, r, 1.0f / 6);
+  p = madd<kFma>(p, r, 0.5f);
+  p = madd<kFma>(p, r, 1.0f);
+  p = madd<kFma>(p, r, 1.0f);
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
 
-__attribute__((always_inline)) inline float sigmoid(float x) { return 1.0f / (1.0f + exp_reduced(-x)); }
-__attribute__((always_inline)) inline float tanh_(float x) { return 2.0f / (1.0f + exp_reduced(-2.0f * x)) - 1.0f; }
+template <bool kFma>
+__attribute__((always_inline)) inline float sigmoid(float x) {
+  return 1.0f / (1.0f + exp_reduced<kFma>(-x));
+}
+template <bool kFma>
+__attribute__((always_inline)) inline float tanh_(float x) {
+  return 2.0f / (1.0f + exp_reduced<kFma>(-2.0f * x)) - 1.0f;
+}
 
 // `count` cells of one row: gate g of cell k at x[g * stride + k] (and h's); c, c_next and m at [k].
-#if defined(__x86_64__)
-// one library for every x86-64: the loop compiled for AVX-512, for AVX2 with FMA and for plain SSE2, the CPU's
-// own chosen when the library loads
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void cells(const float* __restrict x, const float* __restrict h, const float* __restrict bias,
-           const float* __restrict c, float* __restrict c_next, float* __restrict m, int64_t stride, int64_t count,
-           float clip, float sx, float sh) {
+template <bool kFma, bool kScaled>
+__attribute__((always_inline)) inline void cells_of(const float* __restrict x, const float* __restrict h,
+                                                    const float* __restrict bias, const float* __restrict c,
+                                                    float* __restrict c_next, float* __restrict m, int64_t stride,
+                                                    int64_t count, float clip, float sx, float sh) {
   const float lo = clip > 0 ? -clip : -INFINITY;
   const float hi = clip > 0 ? clip : INFINITY;
   for (int64_t k = 0; k < count; ++k) {
-    // (input product * its row's scale + bias) + state product * its row's scale: the order of the op's standard
-    // ops. ElmoCellStep's scales are 1, and x * 1 + b (an FMA or not) is x + b to the bit
-    const float i = sigmoid((x[k] * sx + bias[k]) + h[k] * sh);
-    const float j = tanh_((x[stride + k] * sx + bias[stride + k]) + h[stride + k] * sh);
-    const float f = sigmoid((x[2 * stride + k] * sx + bias[2 * stride + k]) + h[2 * stride + k] * sh);
-    const float o = sigmoid((x[3 * stride + k] * sx + bias[3 * stride + k]) + h[3 * stride + k] * sh);
-    float next = f * c[k] + i * j;
+    // (input product * its row's scale + bias) + state product * its row's scale, each rounded: the op's standard
+    // ops. ElmoCellStep's products come scaled: (x + bias) + h
+    float gate[4];
+    for (int64_t g = 0; g < 4; ++g) {
+      const int64_t at = g * stride + k;
+      gate[g] = kScaled ? (x[at] * sx + bias[at]) + h[at] * sh : (x[at] + bias[at]) + h[at];
+    }
+    const float i = sigmoid<kFma>(gate[0]), j = tanh_<kFma>(gate[1]), f = sigmoid<kFma>(gate[2]),
+                o = sigmoid<kFma>(gate[3]);
+    float next = madd<kFma>(f, c[k], i * j);
     next = next < lo ? lo : (next > hi ? hi : next);
     c_next[k] = next;
-    m[k] = o * tanh_(next);
+    m[k] = o * tanh_<kFma>(next);
   }
 }
+
+template <bool kFma>
+__attribute__((always_inline)) inline void cells_any(const float* x, const float* h, const float* bias,
+                                                     const float* c, float* c_next, float* m, int64_t stride,
+                                                     int64_t count, float clip, float sx, float sh) {
+  // x * 1 is x to the bit: ElmoCellStep's loop only leaves the multiplications out
+  if (sx == 1.0f && sh == 1.0f) return cells_of<kFma, false>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
+  cells_of<kFma, true>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
+}
+
+// one library for every x86-64: the loop compiled for AVX-512, for AVX2 with FMA and for plain SSE2, the CPU's
+// own chosen when the library loads (GCC's and Clang's function multiversioning)
+#if defined(__x86_64__)
+__attribute__((target("arch=x86-64-v4"))) void cells(const float* x, const float* h, const float* bias,
+                                                     const float* c, float* c_next, float* m, int64_t stride,
+                                                     int64_t count, float clip, float sx, float sh) {
+  cells_any<true>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
+}
+__attribute__((target("arch=x86-64-v3"))) void cells(const float* x, const float* h, const float* bias,
+                                                     const float* c, float* c_next, float* m, int64_t stride,
+                                                     int64_t count, float clip, float sx, float sh) {
+  cells_any<true>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
+}
+__attribute__((target("default"))) void cells(const float* x, const float* h, const float* bias, const float* c,
+                                              float* c_next, float* m, int64_t stride, int64_t count, float clip,
+                                              float sx, float sh) {
+  cells_any<false>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
+}
+#else
+void cells(const float* x, const float* h, const float* bias, const float* c, float* c_next, float* m,
+           int64_t stride, int64_t count, float clip, float sx, float sh) {
+#if defined(__FP_FAST_FMAF)
+  cells_any<true>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
+#else
+  cells_any<false>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
+#endif
+}
+#endif
 
 // A step's work in blocks of a row's cells, for the thread pool: a block is 1,024 cells (about 5 us of one core).
 constexpr int64_t kBlock = 1024;
