@@ -319,10 +319,15 @@ void* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* 
 
 // ElmoCellStep (`scaled` false) and ElmoScaledCellStep (true: inputs 7 and 8, the products' rows' scales)
 template <bool scaled>
+constexpr const char* cell_op_name() {
+  return scaled ? "ElmoScaledCellStep" : "ElmoCellStep";
+}
+
+template <bool scaled>
 void compute(void* state, OrtKernelContext* context) {
   const auto* kernel = static_cast<Kernel*>(state);
   const OrtApi* api = kernel->api;
-  const char* name = scaled ? "ElmoScaledCellStep" : "ElmoCellStep";
+  const char* name = cell_op_name<scaled>();
   const Tensor gates_x = input(api, context, 0), first = input(api, context, 1), last = input(api, context, 2),
                gates_h = input(api, context, 3), bias = input(api, context, 4), c = input(api, context, 5),
                sizes = input(api, context, 6);
@@ -356,37 +361,28 @@ ElementType cell_input_type(const OrtCustomOp*, size_t index) {
   return index == 1 || index == 2 || index == 6 ? kInt64 : kFloat;
 }
 
-const OrtCustomOp kCellStep = {
-    13,
-    create_kernel,
-    [](const OrtCustomOp*) { return "ElmoCellStep"; },
-    cpu_provider,
-    cell_input_type,
-    [](const OrtCustomOp*) -> size_t { return 7; },
-    [](const OrtCustomOp*, size_t) { return kFloat; },
-    [](const OrtCustomOp*) -> size_t { return 2; },
-    compute<false>,
-    [](void* kernel) { delete static_cast<Kernel*>(kernel); },
-    required_in_default_memory,  // GetInputCharacteristic
-    required_in_default_memory,  // GetOutputCharacteristic
-    required_in_default_memory,  // GetInputMemoryType
-};
+// ElmoCellStep's table and ElmoScaledCellStep's: their names, their count of inputs and their compute
+template <bool scaled>
+constexpr OrtCustomOp cell_op() {
+  return {
+      13,
+      create_kernel,
+      [](const OrtCustomOp*) { return cell_op_name<scaled>(); },
+      cpu_provider,
+      cell_input_type,
+      [](const OrtCustomOp*) -> size_t { return scaled ? 9 : 7; },
+      [](const OrtCustomOp*, size_t) { return kFloat; },
+      [](const OrtCustomOp*) -> size_t { return 2; },
+      compute<scaled>,
+      [](void* kernel) { delete static_cast<Kernel*>(kernel); },
+      required_in_default_memory,  // GetInputCharacteristic
+      required_in_default_memory,  // GetOutputCharacteristic
+      required_in_default_memory,  // GetInputMemoryType
+  };
+}
 
-const OrtCustomOp kScaledCellStep = {
-    13,
-    create_kernel,
-    [](const OrtCustomOp*) { return "ElmoScaledCellStep"; },
-    cpu_provider,
-    cell_input_type,
-    [](const OrtCustomOp*) -> size_t { return 9; },
-    [](const OrtCustomOp*, size_t) { return kFloat; },
-    [](const OrtCustomOp*) -> size_t { return 2; },
-    compute<true>,
-    [](void* kernel) { delete static_cast<Kernel*>(kernel); },
-    required_in_default_memory,  // GetInputCharacteristic
-    required_in_default_memory,  // GetOutputCharacteristic
-    required_in_default_memory,  // GetInputMemoryType
-};
+const OrtCustomOp kCellStep = cell_op<false>();
+const OrtCustomOp kScaledCellStep = cell_op<true>();
 
 // ---- ElmoQuantizeRows ---------------------------------------------------------------------------------------
 
