@@ -18,11 +18,12 @@ from prometheus_client import Counter
 from service.batching.batcher import Batcher, Layers, QueueFull, Timings
 from service.batching.in_flight import in_flight
 from service.engine.canary import CanaryMismatch, CanaryReport, prove
+from service.engine.providers import cpu_flags
 from service.engine.session import Engine
 from service.errors import EngineFailed, Overloaded, ServiceError, TooLarge, UnknownModel
 from service.manifest import MANIFEST, verify_files
 from service.metrics import Metrics
-from service.settings import Settings, default_batch_tokens
+from service.settings import AMX_WINDOW, Settings, default_batch_tokens, default_window
 
 log = logging.getLogger("elmo.service")
 # How ONNX Runtime says an allocation failed (its CPU arena, CUDA's allocator, a C++ bad_alloc)
@@ -36,13 +37,15 @@ class StartupFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class ServedModel:
-    """One model in service: its name, folder, engine and batcher (its own queue), and the batch budget in force."""
+    """One model in service: its name, folder, engine and batcher (its own queue), and the batch budget and window
+    in force."""
 
     name: str
     folder: Path
     engine: Engine
     batcher: Batcher
     batch_tokens: int
+    window: int  # positions a sentence in flight advances per engine call
     created: int  # when its export was written (the manifest's mtime, in seconds): /v1/models' `created`
     canary: CanaryReport  # what its engine's start-up check found (service/engine/canary.py)
     rejected: Counter  # requests refused because its queue was full
@@ -194,9 +197,14 @@ def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
         metrics.observe_canary(name, report)
         # unset: the provider's default (a GPU wants far more tokens in flight than 2 CPU cores)
         batch_tokens = settings.batch_tokens or default_batch_tokens(engine.provider)
+        # the window graph's calls run its own window; the Loop graph's the one set, else the host's
+        window = engine.window or settings.window or default_window(cpu_flags())
+        if not engine.window and settings.window is None:
+            log.info("model %r: a window of %d positions a call (%s AMX)", name, window,
+                     "this CPU has" if window == AMX_WINDOW else "no")  # fmt: skip
         batcher = Batcher(
             partial(engine.run, boundaries=True),
-            in_flight(engine, settings.window),
+            in_flight(engine, window),
             batch_tokens,
             settings.max_wait_ms / 1000,
             settings.queue_tokens,
@@ -205,7 +213,7 @@ def load_models(settings: Settings, metrics: Metrics) -> ModelRegistry:
         )
         created = int((Path(folder) / MANIFEST).stat().st_mtime)
         rejected = metrics.rejected.labels(name)
-        served.append(ServedModel(name, Path(folder), engine, batcher, batch_tokens, created, report, rejected))
+        served.append(ServedModel(name, Path(folder), engine, batcher, batch_tokens, window, created, report, rejected))
     return ModelRegistry(served)
 
 

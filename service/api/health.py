@@ -66,7 +66,7 @@ async def info(request: Request, model: str | None = None):
             "model": chosen.name,
             "version": __version__,  # the service's (elmo-serve --version)
             **described(chosen),
-            "settings": settings.public(batch_tokens=chosen.batch_tokens),
+            "settings": settings.public(batch_tokens=chosen.batch_tokens, window=chosen.window),
             "answer_media_types": {"/embed": [JSON, NPZ]},  # by Accept; the other routes answer JSON
             # process-wide, but for queue_tokens (each model's queue holds as many) and batch_tokens (the model's)
             "limits": {
@@ -101,6 +101,7 @@ async def info(request: Request, model: str | None = None):
                     "created": m.created,
                     "queue_tokens": settings.queue_tokens,
                     "batch_tokens": m.batch_tokens,
+                    "window": m.window,
                 }
                 for m in request.app.state.models
             },

@@ -15,6 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
+from service.engine.providers import cpu_flags
+from service.settings import default_window
 from tests.conftest import max_error
 from tests.live_server import Server, answered_statuses, counter, refusal, running_server, status_on
 
@@ -671,11 +673,13 @@ def test_info(client, server, tiny_model_dir):
     assert str(tiny_model_dir) not in json.dumps(info)
     assert settings["max_sentences"] == MAX_SENTENCES and settings["provider"] == "cpu"
     assert settings["batch_tokens"] == 4096  # unset: the CPU provider's default, shown as in force
+    assert settings["window"] == default_window(cpu_flags())  # unset: the host's (16 with AMX, else 8), in force
     assert settings["models"] == [[tiny_model_dir.name, tiny_model_dir.name]]  # the one model of ELMO_MODEL_DIR
     ((name, model),) = info["models"].items()
     assert name == tiny_model_dir.name and (model["dim"], model["num_layers"]) == (DIM, NUM_LAYERS)
     assert model["manifest"] == info["manifest"] and model["graph"] == info["graph"]
     assert (model["queue_tokens"], model["batch_tokens"], model["model_dir"]) == (65536, 4096, tiny_model_dir.name)
+    assert model["window"] == settings["window"]
     assert client.get("/info", params={"model": name}).json() == info
     unknown = client.get("/info", params={"model": "x"})
     assert unknown.status_code == 404 and unknown.json()["detail"].startswith("model: unknown model 'x'")
@@ -715,6 +719,17 @@ def test_batch_tokens_default_to_the_providers():
     assert default_batch_tokens("CUDAExecutionProvider") == 65536
     assert Settings().public(batch_tokens=65536)["batch_tokens"] == 65536
     assert Settings(batch_tokens=512).public(batch_tokens=65536)["batch_tokens"] == 512  # set: kept
+
+
+def test_the_window_defaults_to_the_hosts():
+    from service.settings import Settings, default_window
+
+    assert Settings().window is None  # unset: decided from the CPU's flags at start-up
+    sapphire_rapids = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"})
+    assert default_window(sapphire_rapids) == 16
+    assert default_window(frozenset({"avx2", "fma", "avx512f", "avx512_vnni"})) == 8  # VNNI, no AMX
+    assert default_window(frozenset({"avx2", "fma"})) == default_window(frozenset()) == 8
+    assert Settings(window=4).public(window=16)["window"] == 4  # set: kept
 
 
 def test_metrics(client):
