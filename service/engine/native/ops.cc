@@ -182,9 +182,10 @@ int required_in_default_memory(const OrtCustomOp*, size_t) { return 0; }
 
 // ---- the arithmetic ------------------------------------------------------------------------------------------
 // Where a product and a sum round once (an FMA) is written out, `madd`, not left to the compiler: the step's gates
-// must round each product before its sum, as the op's function (a Mul, then an Add) does, or an ulp of gates near
-// 100 shows as 5e-6 in m; its polynomials take the FMAs the target has. kFma: the target has them (a loop of
-// plain products and sums where it has not, no call to a software fma).
+// must round each product before its sum, as the op's function (a Mul, then an Add) does, or an ulp of a partial
+// sum near 100 (x * scale + bias, before it cancels against h * scale) shows as 5e-6 in m; the polynomials, and
+// the cell update f * c + i * j (bounded by the clip, nothing to cancel), keep the FMAs they had. kFma: the target
+// has them (a loop of plain products and sums where it has not, no call to a software fma).
 template <bool kFma>
 __attribute__((always_inline)) inline float madd(float a, float b, float c) {
   if constexpr (kFma) return __builtin_fmaf(a, b, c);
@@ -260,16 +261,17 @@ __attribute__((always_inline)) inline void cells_any(const float* x, const float
 }
 
 // one library for every x86-64: the loop compiled for AVX-512, for AVX2 with FMA and for plain SSE2, the CPU's
-// own chosen when the library loads (GCC's and Clang's function multiversioning)
+// own chosen when the library loads (function multiversioning; by feature lists, which GCC and Clang both take
+// there, where Clang refuses an arch=x86-64-vN)
 #if defined(__x86_64__)
-__attribute__((target("arch=x86-64-v4"))) void cells(const float* x, const float* h, const float* bias,
-                                                     const float* c, float* c_next, float* m, int64_t stride,
-                                                     int64_t count, float clip, float sx, float sh) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"))) void cells(
+    const float* x, const float* h, const float* bias, const float* c, float* c_next, float* m, int64_t stride,
+    int64_t count, float clip, float sx, float sh) {
   cells_any<true>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
 }
-__attribute__((target("arch=x86-64-v3"))) void cells(const float* x, const float* h, const float* bias,
-                                                     const float* c, float* c_next, float* m, int64_t stride,
-                                                     int64_t count, float clip, float sx, float sh) {
+__attribute__((target("avx2,fma"))) void cells(const float* x, const float* h, const float* bias, const float* c,
+                                               float* c_next, float* m, int64_t stride, int64_t count, float clip,
+                                               float sx, float sh) {
   cells_any<true>(x, h, bias, c, c_next, m, stride, count, clip, sx, sh);
 }
 __attribute__((target("default"))) void cells(const float* x, const float* h, const float* bias, const float* c,
@@ -323,6 +325,7 @@ constexpr const char* cell_op_name() {
   return scaled ? "ElmoScaledCellStep" : "ElmoCellStep";
 }
 
+// Either op's step
 template <bool scaled>
 void compute(void* state, OrtKernelContext* context) {
   const auto* kernel = static_cast<Kernel*>(state);
@@ -381,8 +384,8 @@ constexpr OrtCustomOp cell_op() {
   };
 }
 
-const OrtCustomOp kCellStep = cell_op<false>();
-const OrtCustomOp kScaledCellStep = cell_op<true>();
+constexpr OrtCustomOp kCellStep = cell_op<false>();
+constexpr OrtCustomOp kScaledCellStep = cell_op<true>();
 
 // ---- ElmoQuantizeRows ---------------------------------------------------------------------------------------
 

@@ -28,9 +28,11 @@ INPUTS = [("gates_x", F32), ("first", I64), ("last", I64), ("gates_h", F32), ("b
 SCALES = [("scale_x", F32), ("scale_h", F32)]  # SCALED_CELL_OP's two more
 
 
-def one_node(op: str, inputs: list, outputs: list, function, kernel: bool, **attributes) -> ort.InferenceSession:
+def one_node(
+    op: str, inputs: list, outputs: list, function, kernel: bool, profile: bool = True, **attributes
+) -> ort.InferenceSession:
     """A model of one node of this project's `op` (and the op's function), run by the kernel or by the function's
-    ops; `inputs`, `outputs`: (name, element type)."""
+    ops; `inputs`, `outputs`: (name, element type); `profile`: for `ran` (which ends the profile and reads it)."""
     node = helper.make_node(op, [n for n, _ in inputs], [n for n, _ in outputs], domain=CELL_DOMAIN, **attributes)
     graph = helper.make_graph(
         [node], "one_node", [helper.make_tensor_value_info(n, t, None) for n, t in inputs],
@@ -40,14 +42,14 @@ def one_node(op: str, inputs: list, outputs: list, function, kernel: bool, **att
     model = helper.make_model(graph, opset_imports=opsets, functions=[function])
     model.ir_version = IR_VERSION
     options = session_options(1, 1, kernels=kernel)
-    options.enable_profiling = True  # to tell which ran the step
+    options.enable_profiling = profile  # to tell which ran the step
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def one_step(cell_clip: float, kernel: bool, scaled: bool = False) -> ort.InferenceSession:
+def one_step(cell_clip: float, kernel: bool, scaled: bool = False, profile: bool = True) -> ort.InferenceSession:
     outputs = [("c_next", F32), ("m", F32)]
     op, inputs = (SCALED_CELL_OP, INPUTS + SCALES) if scaled else (CELL_OP, INPUTS)
-    return one_node(op, inputs, outputs, cell_function(cell_clip, scaled), kernel, cell_clip=cell_clip)
+    return one_node(op, inputs, outputs, cell_function(cell_clip, scaled), kernel, profile, cell_clip=cell_clip)
 
 
 def ran(session: ort.InferenceSession, feeds: dict) -> tuple[list[np.ndarray], set[str]]:
@@ -119,9 +121,10 @@ def test_the_kernel_computes_what_the_ops_do(total, first, rows, cell, scale, ce
 
 
 def test_the_scaled_step_rounds_each_product_before_its_sum_as_the_ops_do():
-    # Mul then Add in the ops; an FMA (one rounding) in a compiled x * scale + bias drifts an ulp of gates near
-    # 100, which showed as 5.4e-6 in m (past the bar) for one draw in a few: many draws, each row its own scales
-    ops, kernel = one_step(3.0, kernel=False, scaled=True), one_step(3.0, kernel=True, scaled=True)
+    # Mul then Add in the ops; an FMA (one rounding) in a compiled x * scale + bias drifts an ulp of that partial
+    # sum, near 100 before it cancels against h * scale, which showed as 5.4e-6 in m (past the bar) for one draw
+    # in a few: many draws, each row its own scales
+    ops, kernel = (one_step(3.0, kernel=k, scaled=True, profile=False) for k in (False, True))
     for seed in range(40):
         feeds = step_feeds(np.random.default_rng(seed), 4, 1, 2, 48, 60.0, scaled=True)
         feeds["gates_x"] /= feeds["scale_x"]
@@ -161,7 +164,7 @@ def test_a_row_of_halves_rounds_to_even_as_quantize_linear_does():
 
 
 def test_inputs_of_inconsistent_shapes_are_an_error_not_a_crash():
-    session = one_step(3.0, kernel=True)
+    session = one_step(3.0, kernel=True, profile=False)
     feeds = step_feeds(np.random.default_rng(0), 5, 1, 3, 8, 1.0)
     feeds["last"] = np.array([9], np.int64)  # past the packed positions
     with pytest.raises(Exception, match="ElmoCellStep: inputs of inconsistent shapes"):
@@ -172,7 +175,7 @@ def test_inputs_of_inconsistent_shapes_are_an_error_not_a_crash():
 
 @pytest.mark.parametrize(("name", "shape"), [("scale_x", (4, 1)), ("scale_h", (3, 2)), ("scale_h", (3,))])
 def test_scales_of_inconsistent_shapes_are_an_error_not_a_crash(name, shape):
-    session = one_step(3.0, kernel=True, scaled=True)
+    session = one_step(3.0, kernel=True, scaled=True, profile=False)
     feeds = step_feeds(np.random.default_rng(0), 5, 1, 3, 8, 1.0, scaled=True)
     good = feeds[name]
     feeds[name] = np.ones(shape, np.float32)  # scale_x: one row short of the packed positions'
