@@ -93,7 +93,7 @@ async def info(request: Request, model: str | None = None):
                 "queue_tokens": settings.queue_tokens,
                 "batch_tokens": chosen.batch_tokens,
             },
-            # every model served, in order (the first is the default), with its own queue and batch budget
+            # every model served, in order (the first is the default), with its own queue, batch budget and window
             "models": {
                 m.name: {
                     **described(m),

@@ -722,7 +722,7 @@ def test_batch_tokens_default_to_the_providers():
 
 
 def test_the_window_defaults_to_the_hosts():
-    from service.settings import Settings, default_window
+    from service.settings import Settings
 
     assert Settings().window is None  # unset: decided from the CPU's flags at start-up
     sapphire_rapids = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"})
