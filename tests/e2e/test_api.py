@@ -721,17 +721,6 @@ def test_batch_tokens_default_to_the_providers():
     assert Settings(batch_tokens=512).public(batch_tokens=65536)["batch_tokens"] == 512  # set: kept
 
 
-def test_the_window_defaults_to_the_hosts():
-    from service.settings import Settings
-
-    assert Settings().window is None  # unset: decided from the CPU's flags at start-up
-    sapphire_rapids = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"})
-    assert default_window(sapphire_rapids) == 16
-    assert default_window(frozenset({"avx2", "fma", "avx512f", "avx512_vnni"})) == 8  # VNNI, no AMX
-    assert default_window(frozenset({"avx2", "fma"})) == default_window(frozenset()) == 8
-    assert Settings(window=4).public(window=16)["window"] == 4  # set: kept
-
-
 def test_metrics(client):
     before = counter(client, "elmo_requests_total", route="/embed", status="200")
     latency_before = counter(client, "elmo_request_seconds_count", route="/embed")

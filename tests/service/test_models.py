@@ -9,10 +9,18 @@ import pytest
 
 from service import models
 from service.metrics import Metrics
-from service.settings import Settings
+from service.settings import Settings, default_window
 
-AMX = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "amx_tile", "amx_int8"})
+AMX = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"})  # Sapphire Rapids
 VNNI = frozenset({"avx2", "fma", "avx512f", "avx512_vnni"})
+
+
+def test_the_window_defaults_to_the_hosts():
+    assert Settings().window is None  # unset: decided from the CPU's flags at start-up
+    assert default_window(AMX) == 16
+    assert default_window(VNNI) == 8  # VNNI, no AMX
+    assert default_window(frozenset({"avx2", "fma"})) == default_window(frozenset()) == 8
+    assert Settings(window=4).public(window=16)["window"] == 4  # set: kept
 
 
 @pytest.mark.parametrize(("flags", "window", "said"), [(AMX, 16, "this CPU has AMX"), (VNNI, 8, "no AMX")])
